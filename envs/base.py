@@ -1,0 +1,303 @@
+"""The two plug-in contracts of the task app: environments and policies.
+
+An environment is a synchronous, CPU-bound object (the service runs it in a worker thread);
+a policy is asynchronous (it usually waits on an LLM). Both are found by name in the
+registries at the bottom of this module, so adding one never touches the HTTP layer:
+write a class, decorate it with ``@register_environment`` / ``@register_policy``, and import
+its module from ``envs/__init__.py``.
+
+Nothing here imports FastAPI. Errors are plain exceptions; the service maps them to 4xx.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+# --------------------------------------------------------------------------------------------
+# Errors (the service turns each into a clear 4xx)
+# --------------------------------------------------------------------------------------------
+
+
+class PluginError(Exception):
+    """Base class of errors caused by the caller's input to a plug-in."""
+
+
+class InvalidAction(PluginError):
+    """An action (or tool call) the environment does not understand. No step was taken."""
+
+
+class InvalidConfig(PluginError):
+    """A config the environment or policy rejects."""
+
+
+class InvalidState(PluginError):
+    """A serialized state that cannot be restored (wrong version, corrupt, foreign)."""
+
+
+class EpisodeOver(PluginError):
+    """A step was asked of an environment whose episode has ended; reset it first."""
+
+
+class UnknownPlugin(PluginError):
+    """No environment or policy is registered under that name."""
+
+
+# --------------------------------------------------------------------------------------------
+# Environments
+# --------------------------------------------------------------------------------------------
+
+
+class PluginConfig(BaseModel):
+    """Base of every plug-in config: unknown keys are an error, not silently ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What an environment returns from ``reset``/``step``/``observe`` (JSON-safe fields only).
+
+    ``observation`` holds structured fields plus ``"text"``, the rendering shown to an LLM.
+    For a multi-action step, ``reward`` is the sum over the ticks taken, ``done`` is true if
+    the episode ended (the remaining actions were not executed), ``info["actions_executed"]``
+    says how many ran, and ``info["achievements_unlocked"]`` lists achievements first unlocked
+    during this call.
+    """
+
+    observation: dict[str, Any]
+    reward: float
+    done: bool
+    truncated: bool
+    info: dict[str, Any]
+    step_idx: int
+
+
+ConfigT = TypeVar("ConfigT", bound=PluginConfig)
+
+
+class Environment(abc.ABC, Generic[ConfigT]):
+    """A stateful environment instance.
+
+    Implementations must be deterministic: the same config, seed and actions give the same
+    trajectory, in any process; and ``from_state(get_state())`` continues bit-identically.
+    """
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    config_model: ClassVar[type[PluginConfig]] = PluginConfig
+    description: ClassVar[str] = ""
+
+    config: ConfigT
+    seed: int
+
+    @classmethod
+    def create(cls, config: dict[str, Any] | None, seed: int | None) -> Environment:
+        """Validate a raw config dict and build an instance (not yet reset)."""
+        from pydantic import ValidationError
+
+        try:
+            parsed = cls.config_model.model_validate(config or {})
+        except ValidationError as exc:
+            raise InvalidConfig(f"invalid config for environment {cls.name!r}: {exc}") from exc
+        return cls(parsed, seed)  # type: ignore[arg-type]
+
+    @abc.abstractmethod
+    def __init__(self, config: ConfigT, seed: int | None) -> None: ...
+
+    @abc.abstractmethod
+    def reset(self, seed: int | None = None) -> StepResult:
+        """Start a new episode (with ``seed`` if given, else the instance's seed)."""
+
+    @abc.abstractmethod
+    def step(self, actions: Sequence[str | int]) -> StepResult:
+        """Validate every action first (``InvalidAction``, nothing executed), then run them."""
+
+    @abc.abstractmethod
+    def observe(self) -> StepResult:
+        """The current observation, without advancing (reward 0)."""
+
+    @abc.abstractmethod
+    def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
+        """Turn the tool calls a policy emitted into actions (``InvalidAction`` if none valid)."""
+
+    @property
+    @abc.abstractmethod
+    def step_idx(self) -> int: ...
+
+    @property
+    @abc.abstractmethod
+    def done(self) -> bool: ...
+
+    @abc.abstractmethod
+    def get_state(self) -> bytes:
+        """The full live state, compact and free of constant data. Never a pickle."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_state(cls, state: bytes) -> Environment:
+        """Rebuild an instance from ``get_state()`` output (``InvalidState`` if unusable)."""
+
+    def state_metadata(self) -> dict[str, Any]:
+        """Versions and facts recorded beside the state in a snapshot."""
+        return {"env_name": self.name, "env_version": self.version, "seed": self.seed}
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Idempotent."""
+
+
+# --------------------------------------------------------------------------------------------
+# Policies
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class LLMCall:
+    """One chat-completion call, as the trainer needs it.
+
+    Token ids and logprobs are exactly what the server returned (never re-tokenized); they
+    are ``None`` when the server does not return them (OpenAI, Groq).
+    """
+
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+    latency_ms: float
+    attempts: int = 1
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    error: str | None = None
+
+
+@dataclass(slots=True)
+class PolicyDecision:
+    """The result of one policy step.
+
+    ``tool_calls`` are in the service's canonical shape ``{"id", "tool", "args"}``.
+    ``error`` is set (and ``tool_calls`` may be empty) when the decision failed in a way
+    the rollout should record rather than crash on: ``"no_tool_call"``, ``"invalid_action"``,
+    ``"inference_error"``, ``"inference_timeout"``, ...
+    """
+
+    tool_calls: list[dict[str, Any]]
+    meta: dict[str, Any] = field(default_factory=dict)
+    llm_call: LLMCall | None = None
+    error: str | None = None
+    error_detail: str | None = None
+
+
+@dataclass(slots=True)
+class PolicyContext:
+    """Service-wide defaults a policy may use (filled from the service settings)."""
+
+    inference_url: str = "http://localhost:8001"
+    model: str | None = None
+    api_key: str | None = None
+    request_timeout_s: float = 120.0
+    max_retries: int = 3
+    # The service's shared `inference.ClientPool` (connection reuse across policies); a policy
+    # built without one (tests, scripts) makes its own client.
+    client_pool: Any = None
+
+
+class Policy(abc.ABC, Generic[ConfigT]):
+    """A thin policy client: turns an observation into tool calls (usually via an LLM)."""
+
+    name: ClassVar[str]
+    version: ClassVar[str] = "1"
+    config_model: ClassVar[type[PluginConfig]] = PluginConfig
+    env_name: ClassVar[str | None] = None  # the environment it plays, if specific
+    description: ClassVar[str] = ""
+    uses_inference: ClassVar[bool] = False
+
+    config: ConfigT
+
+    @classmethod
+    def create(cls, config: dict[str, Any] | None, context: PolicyContext) -> Policy:
+        from pydantic import ValidationError
+
+        try:
+            parsed = cls.config_model.model_validate(config or {})
+        except ValidationError as exc:
+            raise InvalidConfig(f"invalid config for policy {cls.name!r}: {exc}") from exc
+        return cls(parsed, context)  # type: ignore[arg-type]
+
+    @abc.abstractmethod
+    def __init__(self, config: ConfigT, context: PolicyContext) -> None: ...
+
+    @abc.abstractmethod
+    async def step(
+        self,
+        observation: dict[str, Any],
+        *,
+        dry_run: bool = False,
+        record_logprobs: bool = False,
+        timeout_s: float | None = None,
+    ) -> PolicyDecision:
+        """Decide on tool calls for ``observation``.
+
+        ``dry_run`` builds the inference request (returned in ``meta["inference_request"]``)
+        without sending it. Failures of the LLM are returned as ``PolicyDecision.error``,
+        never raised; only caller mistakes raise ``PluginError``.
+        """
+
+    def observe_outcome(self, result: StepResult) -> None:  # noqa: B027 - optional hook
+        """Called after the env executed this policy's tool calls (e.g. to keep history)."""
+
+    def reset(self) -> None:  # noqa: B027 - optional hook
+        """Forget the episode's history (called when the bound env resets)."""
+
+    @abc.abstractmethod
+    def get_state(self) -> dict[str, Any]:
+        """JSON-safe state: config, history window, turn index."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_state(cls, state: dict[str, Any], context: PolicyContext) -> Policy: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook
+        """Release resources. Idempotent."""
+
+
+# --------------------------------------------------------------------------------------------
+# Registries of plug-ins, by name
+# --------------------------------------------------------------------------------------------
+
+ENVIRONMENTS: dict[str, type[Environment]] = {}
+POLICIES: dict[str, type[Policy]] = {}
+
+E = TypeVar("E", bound=type[Environment])
+P = TypeVar("P", bound=type[Policy])
+
+
+def register_environment(cls: E) -> E:
+    ENVIRONMENTS[cls.name] = cls
+    return cls
+
+
+def register_policy(cls: P) -> P:
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def environment_class(name: str) -> type[Environment]:
+    try:
+        return ENVIRONMENTS[name]
+    except KeyError:
+        known = ", ".join(sorted(ENVIRONMENTS)) or "none"
+        raise UnknownPlugin(f"unknown environment {name!r}; available: {known}") from None
+
+
+def policy_class(name: str) -> type[Policy]:
+    try:
+        return POLICIES[name]
+    except KeyError:
+        known = ", ".join(sorted(POLICIES)) or "none"
+        raise UnknownPlugin(f"unknown policy {name!r}; available: {known}") from None

@@ -1,0 +1,138 @@
+"""`create_app(settings)`: wires settings, registries, stores, managers and routers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+
+import envs  # noqa: F401  (registers the built-in environments and policies)
+from envs.base import PolicyContext
+from grpo_service import __version__
+from grpo_service.config import Settings
+from grpo_service.deps import Services
+from grpo_service.environments import EnvManager
+from grpo_service.errors import install_error_handlers
+from grpo_service.limits import BodySizeLimit
+from grpo_service.policies import PolicyManager
+from grpo_service.registry import Registry
+from grpo_service.rollout import RolloutCoordinator, TraceSink
+from grpo_service.routes import env, meta, policy, rollout
+from grpo_service.snapshots import SnapshotService, load_signing_key
+from inference import ClientPool
+from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """
+A task app for GRPO training of LLM agents: stateful environments (Crafter) and policy
+clients in in-memory registries, coordinated rollouts against an OpenAI-compatible endpoint,
+GRPO groups, signed snapshots, branching, and tracing.
+"""
+
+
+def build_services(
+    settings: Settings, store: SnapshotStore | None = None, tracer: TraceSink | None = None
+) -> Services:
+    registry = Registry(
+        max_envs=settings.max_envs,
+        max_policies=settings.max_policies,
+        max_active_runs=settings.max_active_runs,
+        max_finished_runs=settings.max_finished_runs,
+    )
+    store = store or LocalSnapshotStore(settings.state_dir)
+    snapshots = SnapshotService(store, SnapshotCodec(load_signing_key(settings)), registry)
+    pool = ClientPool()
+    context = PolicyContext(
+        inference_url=settings.vllm_base_url,
+        model=settings.default_model,
+        api_key=settings.inference_api_key.get_secret_value() if settings.inference_api_key else None,
+        request_timeout_s=settings.inference_timeout_s,
+        max_retries=settings.inference_max_retries,
+        client_pool=pool,
+    )
+    env_manager = EnvManager(registry, snapshots, settings.env_threads)
+    policy_manager = PolicyManager(registry, snapshots, context)
+    coordinator = RolloutCoordinator(env_manager, policy_manager, registry, settings, tracer)
+    return Services(
+        settings=settings,
+        registry=registry,
+        snapshots=snapshots,
+        envs=env_manager,
+        policies=policy_manager,
+        coordinator=coordinator,
+        tracer=tracer,
+        client_pool=pool,
+    )
+
+
+async def reap_idle(services: Services) -> int:
+    """Terminate envs and policies idle for longer than the TTL; return how many."""
+    ttl = services.settings.idle_ttl_s
+    reaped = 0
+    for handle in services.registry.idle(services.registry.policies, ttl):
+        await services.policies.discard(handle)
+        reaped += 1
+    for handle in services.registry.idle(services.registry.envs, ttl):
+        await services.envs.discard(handle)
+        reaped += 1
+    return reaped
+
+
+async def _reaper(services: Services) -> None:
+    while True:
+        await asyncio.sleep(services.settings.reaper_interval_s)
+        try:
+            reaped = await reap_idle(services)
+            if reaped:
+                log.info("reaped %d idle envs/policies", reaped)
+        except Exception:  # the reaper must outlive any one failure
+            log.exception("reaper pass failed")
+
+
+def create_app(
+    settings: Settings | None = None, *, store: SnapshotStore | None = None, tracer: Any = None
+) -> FastAPI:
+    """Build the task app. ``tracer`` (a `TraceSink` with async ``start``/``close``) overrides
+    the one ``settings.trace_db`` would create."""
+    settings = settings or Settings()
+    if tracer is None and settings.trace_db is not None:
+        from grpo_service.tracing import TraceWriter
+
+        tracer = TraceWriter(settings.trace_db)
+    services = build_services(settings, store, tracer)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if tracer is not None and hasattr(tracer, "start"):
+            await tracer.start()
+        reaper = asyncio.create_task(_reaper(services))
+        try:
+            yield
+        finally:
+            reaper.cancel()
+            for run in services.registry.runs:
+                run.abort.set()
+            await services.client_pool.aclose()
+            if tracer is not None and hasattr(tracer, "close"):
+                await tracer.close()
+
+    app = FastAPI(
+        title="grpo-service",
+        version=__version__,
+        description=DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.services = services
+    install_error_handlers(app)
+    for module in (meta, env, policy, rollout):
+        app.include_router(module.router)
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    return app

@@ -1,0 +1,53 @@
+"""API-key dependency: `X-API-Key` or `Authorization: Bearer`, compared in constant time."""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+
+from fastapi import Request
+
+from grpo_service.errors import Unauthorized
+
+
+def _presented_key(request: Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() == "bearer" and token:
+        return token.strip()
+    return None
+
+
+async def require_api_key(request: Request) -> None:
+    """Route dependency. A no-op when the service has no key configured."""
+    expected = request.app.state.settings.environment_api_key
+    if expected is None:
+        return
+    presented = _presented_key(request)
+    # Never echo any part of either key back.
+    if presented is None:
+        raise Unauthorized("missing API key: send X-API-Key or Authorization: Bearer", code="missing_api_key")
+    if not hmac.compare_digest(presented.encode(), expected.get_secret_value().encode()):
+        raise Unauthorized("invalid API key", code="invalid_api_key")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind_safety(host: str, has_key: bool, allow_insecure: bool) -> None:
+    """Refuse to expose an unauthenticated service beyond this machine."""
+    if has_key or allow_insecure or is_loopback(host):
+        return
+    raise SystemExit(
+        f"refusing to serve on {host} without ENVIRONMENT_API_KEY; set a key, bind to 127.0.0.1, "
+        "or pass --insecure (ALLOW_INSECURE=1) if you really mean it"
+    )

@@ -1,0 +1,50 @@
+"""Service settings: one place, read from the environment and an optional `.env` file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the task app. Field names map to upper-case environment variables."""
+
+    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+
+    service_base_url: str = "http://localhost:8000"
+    vllm_base_url: str = "http://localhost:8001"
+    default_model: str | None = None
+    environment_api_key: SecretStr | None = Field(
+        default=None, description="When set, every route but /health requires it."
+    )
+    inference_api_key: SecretStr | None = Field(
+        default=None, description="Default API key sent to the inference server."
+    )
+    snapshot_secret: SecretStr | None = Field(
+        default=None,
+        description="HMAC key that signs snapshots. Unset: a key is created once under STATE_DIR.",
+    )
+    state_dir: Path = Path("./data/state")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    allow_insecure: bool = Field(
+        default=False, description="Allow serving on a non-loopback address with no API key."
+    )
+
+    max_envs: int = Field(default=10_000, ge=1)
+    max_policies: int = Field(default=10_000, ge=1)
+    max_active_runs: int = Field(default=1_024, ge=1)
+    max_finished_runs: int = Field(default=2_000, ge=1, description="Finished runs kept for /run/status.")
+    idle_ttl_s: float = Field(default=1_800.0, gt=0, description="Idle envs/policies expire after this.")
+    reaper_interval_s: float = Field(default=30.0, gt=0)
+    max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    max_group_size: int = Field(default=256, ge=1)
+    env_threads: int = Field(default=8, ge=1, description="Worker threads for CPU-bound env calls.")
+
+    inference_timeout_s: float = Field(default=120.0, gt=0)
+    inference_max_retries: int = Field(default=3, ge=0, le=10)
+
+    trace_db: Path | None = Field(default=None, description="SQLite file that every rollout is traced to.")

@@ -1,0 +1,36 @@
+"""The service objects one app instance owns, and the dependency that hands them to routes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from grpo_service.config import Settings
+from grpo_service.environments import EnvManager
+from grpo_service.policies import PolicyManager
+from grpo_service.registry import Registry
+from grpo_service.rollout import RolloutCoordinator
+from grpo_service.snapshots import SnapshotService
+
+
+@dataclass
+class Services:
+    settings: Settings
+    registry: Registry
+    snapshots: SnapshotService
+    envs: EnvManager
+    policies: PolicyManager
+    coordinator: RolloutCoordinator
+    tracer: Any = None
+    client_pool: Any = None
+    started_at: float = field(default_factory=time.monotonic)
+
+
+def get_services(request: Request) -> Services:
+    return request.app.state.services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]

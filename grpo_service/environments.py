@@ -1,0 +1,157 @@
+"""`EnvManager`: the lifecycle of live environments (create, step, snapshot, fork, terminate).
+
+Env calls are CPU-bound and synchronous, so each runs in a worker thread (never on the event
+loop) under the env's own lock: one env's operations are serialized, different envs overlap,
+and a slow world generation never stalls another client's request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import anyio
+
+from envs.base import Environment, InvalidAction, StepResult, environment_class
+from grpo_service.errors import NotFound
+from grpo_service.registry import EnvHandle, Registry, SnapshotMeta, new_id
+from grpo_service.snapshots import SnapshotService
+
+T = TypeVar("T")
+
+
+class EnvManager:
+    def __init__(self, registry: Registry, snapshots: SnapshotService, threads: int):
+        self.registry = registry
+        self.snapshots = snapshots
+        self.limiter = anyio.CapacityLimiter(threads)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run a synchronous env call in a worker thread."""
+        return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    def get(self, env_id: str) -> EnvHandle:
+        return self.registry.envs.get(env_id)
+
+    async def _register(self, env: Environment, rl_run_id: str, **lineage: Any) -> EnvHandle:
+        handle = EnvHandle(id=new_id(), rl_run_id=rl_run_id, env=env, env_name=env.name, **lineage)
+        self.registry.envs.add(handle.id, handle)
+        return handle
+
+    async def create(
+        self, env_name: str, config: dict[str, Any] | None, seed: int | None, rl_run_id: str
+    ) -> EnvHandle:
+        cls = environment_class(env_name)
+        self.registry.envs.reserve()
+        env = cls.create(config, seed)
+        handle = await self._register(env, rl_run_id)
+        try:
+            async with handle.lock:
+                handle.last = await self.run(env.reset, None)
+        except BaseException:
+            await self.discard(handle)
+            raise
+        return handle
+
+    async def reset(self, env_id: str, seed: int | None) -> StepResult:
+        handle = self.get(env_id)
+        async with handle.lock:
+            self._check_open(handle)
+            handle.last = await self.run(handle.env.reset, seed)
+        return handle.last
+
+    async def step(
+        self, env_id: str, actions: Sequence[str | int] | None = None, tool_calls: list[dict] | None = None
+    ) -> StepResult:
+        return await self.step_handle(self.get(env_id), actions, tool_calls)
+
+    async def step_handle(
+        self,
+        handle: EnvHandle,
+        actions: Sequence[str | int] | None = None,
+        tool_calls: list[dict] | None = None,
+    ) -> StepResult:
+        async with handle.lock:
+            self._check_open(handle)
+            if tool_calls is not None:
+                actions = handle.env.actions_from_tool_calls(tool_calls)
+            if not actions:
+                raise InvalidAction("no actions to execute")
+            handle.last = await self.run(handle.env.step, list(actions))
+            handle.touch()
+        return handle.last
+
+    async def reset_handle(self, handle: EnvHandle, seed: int | None = None) -> StepResult:
+        async with handle.lock:
+            self._check_open(handle)
+            handle.last = await self.run(handle.env.reset, seed)
+        return handle.last
+
+    async def terminate(self, env_id: str) -> bool:
+        """Idempotent: terminating an unknown or already-terminated env returns False."""
+        handle = self.registry.envs.pop(env_id)
+        if handle is None:
+            return False
+        await self.discard(handle)
+        return True
+
+    async def discard(self, handle: EnvHandle) -> None:
+        self.registry.envs.pop(handle.id)
+        if not handle.closed:
+            handle.closed = True
+            handle.env.close()
+
+    async def snapshot(self, env_id: str, rl_run_id: str | None = None) -> SnapshotMeta:
+        handle = self.get(env_id)
+        async with handle.lock:
+            self._check_open(handle)
+            payload = await self.run(handle.env.get_state)
+            plugin_meta = handle.env.state_metadata()
+        return await self.snapshots.save(
+            kind="env",
+            rl_run_id=rl_run_id or handle.rl_run_id,
+            source_id=handle.id,
+            plugin_name=handle.env_name,
+            payload=payload,
+            plugin_meta=plugin_meta,
+            parent_snapshot_id=handle.parent_snapshot_id,
+        )
+
+    async def restore(self, snapshot_id: str, rl_run_id: str | None = None) -> EnvHandle:
+        self.registry.envs.reserve()
+        meta, payload = await self.snapshots.load("env", snapshot_id, rl_run_id)
+        cls = environment_class(meta["plugin"])
+        env = await self.run(cls.from_state, payload)
+        handle = await self._register(
+            env, meta["rl_run_id"], parent_env_id=meta.get("source_id"), parent_snapshot_id=snapshot_id
+        )
+        handle.last = await self.run(env.observe)
+        return handle
+
+    async def fork(self, handle: EnvHandle, count: int, parent_snapshot_id: str | None) -> list[EnvHandle]:
+        """``count`` exact copies of a live env (one serialization, ``count`` restores)."""
+        for _ in range(count):
+            self.registry.envs.reserve()
+        async with handle.lock:
+            self._check_open(handle)
+            payload = await self.run(handle.env.get_state)
+        cls = type(handle.env)
+        children: list[EnvHandle] = []
+        try:
+            for _ in range(count):
+                env = await self.run(cls.from_state, payload)
+                child = await self._register(
+                    env, handle.rl_run_id, parent_env_id=handle.id, parent_snapshot_id=parent_snapshot_id
+                )
+                child.last = await self.run(env.observe)
+                children.append(child)
+        except BaseException:
+            for child in children:
+                await self.discard(child)
+            raise
+        return children
+
+    @staticmethod
+    def _check_open(handle: EnvHandle) -> None:
+        if handle.closed:
+            raise NotFound(f"env {handle.id} was terminated", code="env_not_found")

@@ -1,0 +1,148 @@
+"""`PolicyManager`: the lifecycle of live policies (create, step, snapshot, fork, terminate)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from envs.base import Policy, PolicyContext, PolicyDecision, policy_class
+from grpo_service.errors import NotFound, Unprocessable
+from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_id
+from grpo_service.snapshots import SnapshotService, decode_json_state
+
+
+class PolicyManager:
+    def __init__(self, registry: Registry, snapshots: SnapshotService, context: PolicyContext):
+        self.registry = registry
+        self.snapshots = snapshots
+        self.context = context
+
+    def get(self, policy_id: str) -> PolicyHandle:
+        return self.registry.policies.get(policy_id)
+
+    def _register(self, policy: Policy, rl_run_id: str, **fields: Any) -> PolicyHandle:
+        handle = PolicyHandle(
+            id=new_id(), rl_run_id=rl_run_id, policy=policy, policy_name=policy.name, **fields
+        )
+        self.registry.policies.add(handle.id, handle)
+        return handle
+
+    async def create(
+        self,
+        policy_name: str,
+        config: dict[str, Any] | None,
+        rl_run_id: str,
+        bound_env_id: str | None = None,
+        parent_policy_id: str | None = None,
+    ) -> PolicyHandle:
+        cls = policy_class(policy_name)
+        if bound_env_id is not None:
+            env = self.registry.envs.get(bound_env_id)
+            if cls.env_name and env.env_name != cls.env_name:
+                raise Unprocessable(
+                    f"policy {policy_name!r} plays {cls.env_name!r}; env {bound_env_id} is {env.env_name!r}",
+                    code="env_policy_mismatch",
+                )
+        self.registry.policies.reserve()
+        policy = cls.create(config, self.context)
+        return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)
+
+    async def step(
+        self,
+        handle: PolicyHandle,
+        observation: dict[str, Any],
+        *,
+        dry_run: bool = False,
+        record_logprobs: bool = False,
+        timeout_s: float | None = None,
+    ) -> PolicyDecision:
+        async with handle.lock:
+            self._check_open(handle)
+            decision = await handle.policy.step(
+                observation, dry_run=dry_run, record_logprobs=record_logprobs, timeout_s=timeout_s
+            )
+            handle.touch()
+            return decision
+
+    async def terminate(self, policy_id: str) -> bool:
+        handle = self.registry.policies.pop(policy_id)
+        if handle is None:
+            return False
+        await self.discard(handle)
+        return True
+
+    async def discard(self, handle: PolicyHandle) -> None:
+        self.registry.policies.pop(handle.id)
+        if not handle.closed:
+            handle.closed = True
+            await handle.policy.aclose()
+
+    def _state_payload(self, handle: PolicyHandle) -> bytes:
+        state = handle.policy.get_state()
+        return json.dumps(
+            {"policy_name": handle.policy_name, "bound_env_id": handle.bound_env_id, "state": state},
+            separators=(",", ":"),
+        ).encode()
+
+    async def snapshot(self, policy_id: str, rl_run_id: str | None = None) -> SnapshotMeta:
+        handle = self.get(policy_id)
+        async with handle.lock:
+            self._check_open(handle)
+            payload = self._state_payload(handle)
+        return await self.snapshots.save(
+            kind="policy",
+            rl_run_id=rl_run_id or handle.rl_run_id,
+            source_id=handle.id,
+            plugin_name=handle.policy_name,
+            payload=payload,
+            plugin_meta={"policy_name": handle.policy_name, "policy_version": handle.policy.version},
+            parent_snapshot_id=handle.parent_snapshot_id,
+        )
+
+    def _from_payload(self, payload: bytes, plugin: str) -> Policy:
+        doc = decode_json_state(payload)
+        cls = policy_class(plugin)
+        state = doc.get("state")
+        if not isinstance(state, dict):
+            raise Unprocessable("policy snapshot has no state object", code="invalid_snapshot")
+        return cls.from_state(state, self.context)
+
+    async def restore(
+        self, snapshot_id: str, rl_run_id: str | None = None, bound_env_id: str | None = None
+    ) -> PolicyHandle:
+        self.registry.policies.reserve()
+        if bound_env_id is not None:
+            self.registry.envs.get(bound_env_id)
+        meta, payload = await self.snapshots.load("policy", snapshot_id, rl_run_id)
+        policy = self._from_payload(payload, meta["plugin"])
+        return self._register(
+            policy,
+            meta["rl_run_id"],
+            bound_env_id=bound_env_id,
+            parent_policy_id=meta.get("source_id"),
+            parent_snapshot_id=snapshot_id,
+        )
+
+    async def fork(
+        self, handle: PolicyHandle, bound_env_ids: list[str | None], parent_snapshot_id: str | None
+    ) -> list[PolicyHandle]:
+        for _ in bound_env_ids:
+            self.registry.policies.reserve()
+        async with handle.lock:
+            self._check_open(handle)
+            payload = self._state_payload(handle)
+        return [
+            self._register(
+                self._from_payload(payload, handle.policy_name),
+                handle.rl_run_id,
+                bound_env_id=env_id,
+                parent_policy_id=handle.id,
+                parent_snapshot_id=parent_snapshot_id,
+            )
+            for env_id in bound_env_ids
+        ]
+
+    @staticmethod
+    def _check_open(handle: PolicyHandle) -> None:
+        if handle.closed:
+            raise NotFound(f"policy {handle.id} was terminated", code="policy_not_found")

@@ -1,0 +1,181 @@
+"""In-memory registries of live envs, policies, runs and snapshot metadata.
+
+One small generic `Table` (capacity, idle expiry, lookup) serves all four, so a later change
+can shard or persist them behind the same interface. Handles carry an `asyncio.Lock`: every
+operation on one env or policy is serialized, while different ones run concurrently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, Literal, TypeVar
+
+from envs.base import Environment, Policy, StepResult
+from grpo_service.errors import CapacityExceeded, NotFound
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass(eq=False)
+class Handle:
+    id: str
+    rl_run_id: str
+    created_at: float = field(default_factory=time.time)
+    last_used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    @property
+    def busy(self) -> bool:
+        return self.lock.locked()
+
+
+@dataclass(eq=False)
+class EnvHandle(Handle):
+    env: Environment = None  # type: ignore[assignment]
+    env_name: str = ""
+    last: StepResult | None = None
+    parent_env_id: str | None = None
+    parent_snapshot_id: str | None = None
+    closed: bool = False
+
+
+@dataclass(eq=False)
+class PolicyHandle(Handle):
+    policy: Policy = None  # type: ignore[assignment]
+    policy_name: str = ""
+    bound_env_id: str | None = None
+    parent_policy_id: str | None = None
+    parent_snapshot_id: str | None = None
+    closed: bool = False
+
+
+RunStatus = Literal["running", "completed", "failed", "aborted"]
+
+
+@dataclass(eq=False)
+class RunHandle(Handle):
+    kind: Literal["rollout", "group"] = "rollout"
+    status: RunStatus = "running"
+    started_at: float = field(default_factory=time.time)
+    finished_at: float | None = None
+    ops_executed: int = 0
+    ops_total: int = 0
+    llm_s: float = 0.0
+    env_s: float = 0.0
+    abort: asyncio.Event = field(default_factory=asyncio.Event)
+    result: Any = None  # the response model once finished
+    error: str | None = None
+    task: asyncio.Task[Any] | None = None
+    member_ids: list[str] = field(default_factory=list)  # a group's member runs
+
+    @property
+    def finished(self) -> bool:
+        return self.status != "running"
+
+
+@dataclass(eq=False)
+class SnapshotMeta:
+    id: str
+    kind: Literal["env", "policy"]
+    rl_run_id: str
+    path: str
+    size: int
+    created_at: float
+    source_id: str
+    parent_snapshot_id: str | None = None
+
+
+H = TypeVar("H")
+
+
+class Table(Generic[H]):
+    """A bounded id → handle map. ``what`` names the entries in error messages."""
+
+    def __init__(self, what: str, capacity: int):
+        self.what = what
+        self.capacity = capacity
+        self._items: OrderedDict[str, H] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __iter__(self) -> Iterator[H]:
+        return iter(list(self._items.values()))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def reserve(self) -> None:
+        """Raise `CapacityExceeded` (429) if one more entry would not fit."""
+        if len(self._items) >= self.capacity:
+            raise CapacityExceeded(
+                f"{self.what} capacity reached ({self.capacity} live); terminate some or retry later",
+                headers={"Retry-After": "1"},
+            )
+
+    def add(self, key: str, item: H) -> H:
+        self.reserve()
+        self._items[key] = item
+        return item
+
+    def put_evicting(self, key: str, item: H) -> H | None:
+        """Add, evicting the oldest entry when full (for bounded history such as finished runs)."""
+        evicted = None
+        if key not in self._items and len(self._items) >= self.capacity:
+            _, evicted = self._items.popitem(last=False)
+        self._items[key] = item
+        return evicted
+
+    def get(self, key: str) -> H:
+        try:
+            item = self._items[key]
+        except (KeyError, TypeError):
+            raise NotFound(
+                f"unknown {self.what} {key!r:.80}", code=f"{self.what.replace(' ', '_')}_not_found"
+            ) from None
+        if isinstance(item, Handle):
+            item.touch()
+        return item
+
+    def find(self, key: str) -> H | None:
+        return self._items.get(key)
+
+    def pop(self, key: str) -> H | None:
+        return self._items.pop(key, None)
+
+
+class Registry:
+    """All live state of one service process."""
+
+    def __init__(self, *, max_envs: int, max_policies: int, max_active_runs: int, max_finished_runs: int):
+        self.envs: Table[EnvHandle] = Table("env", max_envs)
+        self.policies: Table[PolicyHandle] = Table("policy", max_policies)
+        self.runs: Table[RunHandle] = Table("run", max_active_runs + max_finished_runs)
+        self.max_active_runs = max_active_runs
+        self.snapshots: Table[SnapshotMeta] = Table("snapshot", 100_000)
+
+    def active_runs(self) -> int:
+        return sum(1 for run in self.runs if not run.finished)
+
+    def idle(self, table: Table[Any], ttl_s: float, now: float | None = None) -> list[Any]:
+        """Handles idle for longer than ``ttl_s`` and not in use."""
+        now = time.monotonic() if now is None else now
+        return [h for h in table if not h.busy and now - h.last_used > ttl_s]
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "envs": len(self.envs),
+            "policies": len(self.policies),
+            "runs_active": self.active_runs(),
+            "snapshots": len(self.snapshots),
+        }

@@ -1,0 +1,1 @@
+"""HTTP routers. Thin: parse, authorize, call a service object, shape the response."""

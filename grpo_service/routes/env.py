@@ -1,0 +1,106 @@
+"""`/env/*`: environment lifecycle."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from grpo_service.auth import require_api_key
+from grpo_service.deps import ServicesDep
+from grpo_service.models import (
+    EnvCreateRequest,
+    EnvCreateResponse,
+    EnvResetRequest,
+    EnvResetResponse,
+    EnvRestoreRequest,
+    EnvRestoreResponse,
+    EnvSnapshotRequest,
+    EnvStepRequest,
+    EnvStepResponse,
+    EnvTerminateRequest,
+    SnapshotResponse,
+    TerminateResponse,
+)
+from grpo_service.registry import SnapshotMeta
+
+router = APIRouter(prefix="/env", tags=["env"], dependencies=[Depends(require_api_key)])
+
+
+def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:
+    return SnapshotResponse(
+        snapshot_id=meta.id,
+        kind=meta.kind,
+        path=meta.path,
+        rl_run_id=meta.rl_run_id,
+        size=meta.size,
+        created_at=meta.created_at,
+        parent_snapshot_id=meta.parent_snapshot_id,
+    )
+
+
+@router.post("/create", response_model=EnvCreateResponse)
+async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateResponse:
+    """Create an environment and start its first episode."""
+    handle = await services.envs.create(req.env_name, req.config, req.seed, req.rl_run_id)
+    handle.parent_env_id = req.parent_env_id
+    last = handle.last
+    assert last is not None
+    return EnvCreateResponse(
+        env_id=handle.id, observation=last.observation, info=last.info, step_idx=last.step_idx
+    )
+
+
+@router.post("/reset", response_model=EnvResetResponse)
+async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse:
+    """Start a new episode (of ``seed`` if given, else the next episode of the env's seed)."""
+    result = await services.envs.reset(req.env_id, req.seed)
+    return EnvResetResponse(
+        env_id=req.env_id, observation=result.observation, info=result.info, step_idx=result.step_idx
+    )
+
+
+@router.post("/step", response_model=EnvStepResponse)
+async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
+    """Execute one action, a list of actions, or the tool calls a policy emitted."""
+    if req.tool_calls is not None:
+        result = await services.envs.step(req.env_id, tool_calls=req.tool_calls)
+    else:
+        actions = req.actions if req.actions is not None else [req.action]
+        result = await services.envs.step(req.env_id, actions=actions)  # type: ignore[arg-type]
+    return EnvStepResponse(
+        env_id=req.env_id,
+        observation=result.observation,
+        reward=result.reward,
+        done=result.done,
+        truncated=result.truncated,
+        info=result.info,
+        step_idx=result.step_idx,
+    )
+
+
+@router.post("/snapshot", response_model=SnapshotResponse)
+async def snapshot(req: EnvSnapshotRequest, services: ServicesDep) -> SnapshotResponse:
+    """Save the env's full live state; restore it with the returned ``snapshot_id``."""
+    return snapshot_response(await services.envs.snapshot(req.env_id, req.rl_run_id))
+
+
+@router.post("/restore", response_model=EnvRestoreResponse)
+async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreResponse:
+    """A new env that continues exactly where the snapshot was taken."""
+    handle = await services.envs.restore(req.snapshot_id, req.rl_run_id)
+    last = handle.last
+    assert last is not None
+    return EnvRestoreResponse(
+        env_id=handle.id,
+        observation=last.observation,
+        info=last.info,
+        step_idx=last.step_idx,
+        done=last.done,
+        parent_snapshot_id=req.snapshot_id,
+        parent_env_id=handle.parent_env_id,
+    )
+
+
+@router.post("/terminate", response_model=TerminateResponse)
+async def terminate(req: EnvTerminateRequest, services: ServicesDep) -> TerminateResponse:
+    """Release an env. Idempotent: an unknown or already terminated id answers ``existed: false``."""
+    return TerminateResponse(existed=await services.envs.terminate(req.env_id))

@@ -1,0 +1,89 @@
+"""`GET /info` and `GET /health`."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, Depends
+
+from envs.base import ENVIRONMENTS, POLICIES
+from grpo_service import __version__
+from grpo_service.auth import require_api_key
+from grpo_service.deps import ServicesDep
+from grpo_service.models import Health, InferenceInfo, Limits, PluginInfo, ServiceEndpoints, ServiceInfo
+
+router = APIRouter(tags=["service"])
+
+ENDPOINTS = {
+    "env": "/env/*",
+    "policy": "/policy/*",
+    "rollout": "/rollout",
+    "rollout_group": "/rollout/group",
+    "branch": "/branch",
+    "run": "/run/*",
+    "docs": "/docs",
+}
+
+
+@router.get("/info", response_model=ServiceInfo, dependencies=[Depends(require_api_key)])
+async def info(services: ServicesDep) -> ServiceInfo:
+    """Service configuration, available plug-ins and limits."""
+    s = services.settings
+    return ServiceInfo(
+        service=ServiceEndpoints(base_url=s.service_base_url, version=__version__, endpoints=ENDPOINTS),
+        inference=InferenceInfo(
+            base_url=s.vllm_base_url,
+            endpoints={"chat_completions": "/v1/chat/completions"},
+            default_model=s.default_model,
+        ),
+        environments=[
+            PluginInfo(
+                name=name,
+                version=cls.version,
+                description=cls.description,
+                config_schema=cls.config_model.model_json_schema(),
+            )
+            for name, cls in sorted(ENVIRONMENTS.items())
+        ],
+        policies=[
+            PluginInfo(
+                name=name,
+                version=cls.version,
+                description=cls.description,
+                config_schema=cls.config_model.model_json_schema(),
+                env_name=cls.env_name,
+                uses_inference=cls.uses_inference,
+            )
+            for name, cls in sorted(POLICIES.items())
+        ],
+        limits=Limits(
+            max_envs=s.max_envs,
+            max_policies=s.max_policies,
+            max_active_runs=s.max_active_runs,
+            max_group_size=s.max_group_size,
+            idle_ttl_s=s.idle_ttl_s,
+            max_request_bytes=s.max_request_bytes,
+        ),
+        auth_required=s.environment_api_key is not None,
+        snapshot_store=services.snapshots.store.describe(),
+        tracing=str(s.trace_db) if s.trace_db else None,
+    )
+
+
+@router.get("/health", response_model=Health)
+async def health(services: ServicesDep) -> Health:
+    """Liveness and load. Open without a key, and carries no secrets."""
+    s, counts = services.settings, services.registry.counts()
+    return Health(
+        status="healthy",
+        version=__version__,
+        uptime_s=round(time.monotonic() - services.started_at, 3),
+        envs=counts["envs"],
+        policies=counts["policies"],
+        runs_active=counts["runs_active"],
+        capacity={
+            "max_envs": s.max_envs,
+            "max_policies": s.max_policies,
+            "max_active_runs": s.max_active_runs,
+        },
+    )

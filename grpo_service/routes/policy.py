@@ -1,0 +1,91 @@
+"""`/policy/*`: policy lifecycle."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from grpo_service.auth import require_api_key
+from grpo_service.deps import ServicesDep
+from grpo_service.errors import Unprocessable
+from grpo_service.models import (
+    PolicyCreateRequest,
+    PolicyCreateResponse,
+    PolicyRestoreRequest,
+    PolicyRestoreResponse,
+    PolicySnapshotRequest,
+    PolicyStepRequest,
+    PolicyStepResponse,
+    PolicyTerminateRequest,
+    SnapshotResponse,
+    TerminateResponse,
+)
+from grpo_service.rollout import llm_record
+from grpo_service.routes.env import snapshot_response
+
+router = APIRouter(prefix="/policy", tags=["policy"], dependencies=[Depends(require_api_key)])
+
+
+@router.post("/create", response_model=PolicyCreateResponse)
+async def create(req: PolicyCreateRequest, services: ServicesDep) -> PolicyCreateResponse:
+    """Create a policy, optionally bound to an env (its observations become the default input)."""
+    handle = await services.policies.create(
+        req.policy_name, req.config, req.rl_run_id, req.bound_env_id, req.parent_policy_id
+    )
+    return PolicyCreateResponse(
+        policy_id=handle.id, policy_name=handle.policy_name, bound_env_id=handle.bound_env_id
+    )
+
+
+@router.post("/step", response_model=PolicyStepResponse)
+async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepResponse:
+    """Decide on tool calls for an observation (``dry_run``: only build the inference request)."""
+    handle = services.policies.get(req.policy_id)
+    observation = req.observation
+    if observation is None:
+        if handle.bound_env_id is None:
+            raise Unprocessable(
+                "give 'observation', or bind the policy to an env", code="observation_required"
+            )
+        env = services.envs.get(handle.bound_env_id)
+        if env.last is None:
+            raise Unprocessable(f"env {env.id} has no observation yet", code="observation_required")
+        observation = env.last.observation
+    decision = await services.policies.step(
+        handle,
+        observation,
+        dry_run=req.dry_run,
+        record_logprobs=req.record_logprobs,
+        timeout_s=services.settings.inference_timeout_s,
+    )
+    return PolicyStepResponse(
+        tool_calls=decision.tool_calls,
+        meta=decision.meta,
+        error=decision.error,
+        error_detail=decision.error_detail,
+        llm=llm_record(decision.llm_call, req.record_logprobs),
+    )
+
+
+@router.post("/snapshot", response_model=SnapshotResponse)
+async def snapshot(req: PolicySnapshotRequest, services: ServicesDep) -> SnapshotResponse:
+    """Save the policy's state (config, history window, turn index)."""
+    return snapshot_response(await services.policies.snapshot(req.policy_id, req.rl_run_id))
+
+
+@router.post("/restore", response_model=PolicyRestoreResponse)
+async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRestoreResponse:
+    """A new policy with the snapshot's state, optionally bound to ``bound_env_id``."""
+    handle = await services.policies.restore(req.snapshot_id, req.rl_run_id, req.bound_env_id)
+    return PolicyRestoreResponse(
+        policy_id=handle.id,
+        policy_name=handle.policy_name,
+        bound_env_id=handle.bound_env_id,
+        parent_snapshot_id=req.snapshot_id,
+        parent_policy_id=handle.parent_policy_id,
+    )
+
+
+@router.post("/terminate", response_model=TerminateResponse)
+async def terminate(req: PolicyTerminateRequest, services: ServicesDep) -> TerminateResponse:
+    """Release a policy. Idempotent."""
+    return TerminateResponse(existed=await services.policies.terminate(req.policy_id))

@@ -1,0 +1,125 @@
+"""/env/* over real HTTP: lifecycle, determinism, snapshot → restore, bad input."""
+
+from __future__ import annotations
+
+import httpx
+
+ACTIONS = ["move_left", "do", "move_up", "noop", "do", "move_right", "move_down", "do"] * 5
+
+
+def create(client: httpx.Client, seed: int = 7, **extra: object) -> dict:
+    r = client.post("/env/create", json={"env_name": "crafter", "seed": seed, "rl_run_id": "t", **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def play(client: httpx.Client, env_id: str, actions: list[str]) -> list[dict]:
+    out = []
+    for action in actions:
+        r = client.post("/env/step", json={"env_id": env_id, "action": action})
+        assert r.status_code == 200, r.text
+        out.append(r.json())
+    return out
+
+
+def strip_ids(steps: list[dict]) -> list[dict]:
+    return [{k: v for k, v in s.items() if k != "env_id"} for s in steps]
+
+
+def test_lifecycle(client: httpx.Client) -> None:
+    env = create(client)
+    assert env["step_idx"] == 0 and env["observation"]["text"]
+    assert "image_png_base64" not in env["observation"]
+
+    r = client.post("/env/step", json={"env_id": env["env_id"], "actions": ["move_left", 5, "noop"]})
+    body = r.json()
+    assert r.status_code == 200 and body["step_idx"] == 3
+    assert isinstance(body["reward"], float) and body["done"] is False and body["truncated"] is False
+    assert body["info"]["actions_executed"] == 3
+
+    r = client.post(
+        "/env/step",
+        json={
+            "env_id": env["env_id"],
+            "tool_calls": [{"tool": "interact_many", "args": {"actions": ["noop"]}}],
+        },
+    )
+    assert r.status_code == 200 and r.json()["step_idx"] == 4
+
+    r = client.post("/env/reset", json={"env_id": env["env_id"], "seed": 7})
+    assert r.status_code == 200 and r.json()["step_idx"] == 0
+    assert r.json()["observation"] == env["observation"]
+
+    assert client.post("/env/terminate", json={"env_id": env["env_id"]}).json() == {
+        "ok": True,
+        "existed": True,
+    }
+    assert client.post("/env/terminate", json={"env_id": env["env_id"]}).json() == {
+        "ok": True,
+        "existed": False,
+    }
+    r = client.post("/env/step", json={"env_id": env["env_id"], "action": "noop"})
+    assert r.status_code == 404 and r.json()["code"] == "env_not_found"
+
+
+def test_same_seed_same_trajectory_over_http(client: httpx.Client) -> None:
+    a, b = create(client, seed=11), create(client, seed=11)
+    assert a["observation"] == b["observation"]
+    assert strip_ids(play(client, a["env_id"], ACTIONS)) == strip_ids(play(client, b["env_id"], ACTIONS))
+
+
+def test_snapshot_restore_continues_identically(client: httpx.Client) -> None:
+    env = create(client, seed=3)
+    play(client, env["env_id"], ACTIONS[:10])
+    snap = client.post("/env/snapshot", json={"env_id": env["env_id"]}).json()
+    assert snap["kind"] == "env" and snap["size"] > 0 and snap["rl_run_id"] == "t"
+    assert snap["path"].endswith(f"/runs/t/env/{snap['snapshot_id'][:2]}/{snap['snapshot_id']}.tar.gz")
+
+    restored = client.post("/env/restore", json={"snapshot_id": snap["snapshot_id"]})
+    assert restored.status_code == 200, restored.text
+    restored = restored.json()
+    assert restored["env_id"] != env["env_id"] and restored["step_idx"] == 10
+    assert restored["parent_env_id"] == env["env_id"]
+
+    original = strip_ids(play(client, env["env_id"], ACTIONS[10:]))
+    replayed = strip_ids(play(client, restored["env_id"], ACTIONS[10:]))
+    assert original == replayed
+
+
+def test_invalid_action_takes_no_step(client: httpx.Client) -> None:
+    env = create(client)
+    r = client.post("/env/step", json={"env_id": env["env_id"], "actions": ["noop", "fly"]})
+    assert r.status_code == 400 and r.json()["code"] == "invalid_action" and "fly" in r.json()["detail"]
+    r = client.post("/env/step", json={"env_id": env["env_id"], "action": 99})
+    assert r.status_code == 400
+    r = client.post("/env/step", json={"env_id": env["env_id"], "action": "noop"})
+    assert r.json()["step_idx"] == 1
+
+
+def test_bad_requests_are_clear_4xx(client: httpx.Client) -> None:
+    cases = [
+        ("/env/create", {"env_name": "nethack"}, 400, "nethack"),
+        ("/env/create", {"env_name": "crafter", "config": {"difficulty": "hard"}}, 422, "difficulty"),
+        ("/env/create", {"env_name": "crafter", "seed": -1}, 422, "seed"),
+        ("/env/create", {"env_name": "crafter", "rl_run_id": "../../etc"}, 422, "rl_run_id"),
+        ("/env/step", {"env_id": "nope", "action": "noop"}, 404, "nope"),
+        ("/env/step", {"env_id": "x"}, 422, "exactly one"),
+        ("/env/restore", {"snapshot_id": "../../../etc/passwd"}, 404, "snapshot"),
+        ("/env/restore", {"snapshot_id": "0" * 32}, 404, "snapshot"),
+        ("/policy/create", {"policy_name": "gpt-god"}, 400, "gpt-god"),
+    ]
+    for path, body, status, needle in cases:
+        r = client.post(path, json=body)
+        assert r.status_code == status, (path, body, r.status_code, r.text)
+        assert needle in r.text, (path, r.text)
+
+
+def test_info_and_health(client: httpx.Client) -> None:
+    info = client.get("/info").json()
+    assert {"crafter"} <= {e["name"] for e in info["environments"]}
+    assert {"crafter-react", "crafter-random", "crafter-heuristic"} <= {p["name"] for p in info["policies"]}
+    assert info["inference"]["endpoints"]["chat_completions"] == "/v1/chat/completions"
+    health = client.get("/health").json()
+    assert health["status"] == "healthy" and health["envs"] >= 0
+    assert "docs" in info["service"]["endpoints"]
+    assert client.get("/openapi.json").status_code == 200
