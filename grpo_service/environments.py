@@ -14,7 +14,7 @@ import anyio
 
 from envs.base import Environment, InvalidAction, StepResult, environment_class
 from grpo_service.errors import NotFound
-from grpo_service.registry import EnvHandle, Registry, SnapshotMeta, new_id
+from grpo_service.registry import EnvHandle, Registry, SnapshotMeta, new_instance_id
 from grpo_service.snapshots import SnapshotService
 
 T = TypeVar("T")
@@ -34,7 +34,7 @@ class EnvManager:
         return self.registry.envs.get(env_id)
 
     async def _register(self, env: Environment, rl_run_id: str, **lineage: Any) -> EnvHandle:
-        handle = EnvHandle(id=new_id(), rl_run_id=rl_run_id, env=env, env_name=env.name, **lineage)
+        handle = EnvHandle(id=new_instance_id(), rl_run_id=rl_run_id, env=env, env_name=env.name, **lineage)
         self.registry.envs.add(handle.id, handle)
         return handle
 

@@ -52,11 +52,11 @@ class PayloadTooLarge(ServiceError):
     code = "payload_too_large"
 
 
-class WrongContainer(ServiceError):
-    """An id that this process never issued or has already forgotten (see decisions.md on Modal)."""
+class WrongInstance(ServiceError):
+    """An id issued by another replica of the service (421 Misdirected Request; see decisions.md)."""
 
-    status_code = 404
-    code = "not_found"
+    status_code = 421
+    code = "wrong_instance"
 
 
 _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [

@@ -7,7 +7,7 @@ from typing import Any
 
 from envs.base import Policy, PolicyContext, PolicyDecision, policy_class
 from grpo_service.errors import NotFound, Unprocessable
-from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_id
+from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_instance_id
 from grpo_service.snapshots import SnapshotService, decode_json_state
 
 
@@ -22,7 +22,7 @@ class PolicyManager:
 
     def _register(self, policy: Policy, rl_run_id: str, **fields: Any) -> PolicyHandle:
         handle = PolicyHandle(
-            id=new_id(), rl_run_id=rl_run_id, policy=policy, policy_name=policy.name, **fields
+            id=new_instance_id(), rl_run_id=rl_run_id, policy=policy, policy_name=policy.name, **fields
         )
         self.registry.policies.add(handle.id, handle)
         return handle

@@ -8,6 +8,8 @@ operation on one env or policy is serialized, while different ones run concurren
 from __future__ import annotations
 
 import asyncio
+import re
+import secrets
 import time
 import uuid
 from collections import OrderedDict
@@ -16,11 +18,21 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
 from envs.base import Environment, Policy, StepResult
-from grpo_service.errors import CapacityExceeded, NotFound
+from grpo_service.errors import CapacityExceeded, NotFound, WrongInstance
+
+# Every process tags the env and policy ids it issues, so that a request reaching another
+# replica (Modal does not route by id) gets a clear 421 instead of a misleading 404.
+INSTANCE_ID = secrets.token_hex(4)
+_TAGGED_ID = re.compile(r"^([0-9a-f]{8})-[0-9a-f]{32}$")
 
 
 def new_id() -> str:
     return uuid.uuid4().hex
+
+
+def new_instance_id() -> str:
+    """An id for a live object of this process: ``{instance}-{uuid hex}``."""
+    return f"{INSTANCE_ID}-{uuid.uuid4().hex}"
 
 
 @dataclass(eq=False)
@@ -146,6 +158,20 @@ class Table(Generic[H]):
         if isinstance(item, Handle):
             item.touch()
         return item
+
+    def _missing(self, key: str) -> Exception:
+        code = f"{self.what}_not_found"
+        tagged = _TAGGED_ID.match(key) if isinstance(key, str) else None
+        if tagged and tagged.group(1) != INSTANCE_ID:
+            return WrongInstance(
+                f"{self.what} {key} lives in another replica of this service (instance {tagged.group(1)}; "
+                f"this is {INSTANCE_ID}). Live {self.what}s stay in the process that created them: use "
+                "sticky routing, restore from a snapshot here, or a one-shot /rollout",
+                code="wrong_instance",
+            )
+        if tagged:
+            return NotFound(f"unknown {self.what} {key}: terminated, or expired after the idle TTL", code=code)
+        return NotFound(f"unknown {self.what} {key!r:.80}", code=code)
 
     def find(self, key: str) -> H | None:
         return self._items.get(key)

@@ -1,0 +1,159 @@
+"""A deterministic, render-free `crafter.Env` with the exact dynamics of a rendering one.
+
+Three changes to stock Crafter 1.8.3, none of which alters its distribution of games:
+
+* ``_balance_object`` sees each chunk's creatures sorted by position. Stock Crafter iterates a
+  ``set`` there (memory-address order) before drawing an index from the world RNG, so the
+  same seed and actions diverged between runs, processes and restored copies.
+* ``_obs`` does not render. At night a render draws ``world.random.uniform(32, 127, shape)``
+  for its darkness noise; we make that same draw, so the RNG stream (hence every later
+  creature move and spawn) matches a rendering env. When a frame is wanted, ``render_png``
+  renders with the noise drawn by the last tick instead of drawing new noise.
+* The semantic map crafter builds in every ``step`` is skipped (we read the maps directly).
+
+The audit of other id- or hash-ordered iteration: ``World.nearby`` returns a set of objects
+but its only caller (``Player._make``) discards it, and its materials are only tested for
+membership; ``World.objects`` is in index order; ``World.chunks`` is in key-creation order,
+which the state codec preserves; ``Env._unlocked`` is a set of strings, which we only ever
+read sorted.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import crafter
+import numpy as np
+from crafter import engine, objects
+from PIL import Image
+
+from envs.crafter.actions import ACHIEVEMENTS
+
+# What each kind of Crafter object is called in observations and snapshots.
+OBJECT_NAMES: dict[type, str] = {
+    objects.Player: "player",
+    objects.Cow: "cow",
+    objects.Zombie: "zombie",
+    objects.Skeleton: "skeleton",
+    objects.Arrow: "arrow",
+    objects.Plant: "plant",
+    objects.Fence: "fence",  # defined by crafter but never created by any action
+}
+
+
+def _skip_semantic_view() -> None:
+    return None
+
+
+@functools.lru_cache(maxsize=8)
+def _vignette(shape: tuple[int, ...], stddev: float) -> np.ndarray:
+    # Stock LocalView caches this per view instance with a class-level lru_cache, which keeps
+    # up to 10 envs alive; the value depends only on the arguments.
+    return engine.LocalView._vignette.__wrapped__(None, shape, stddev)
+
+
+class _LocalView(engine.LocalView):
+    """Crafter's local view, drawing its night noise from ``noise`` rather than the RNG."""
+
+    noise: np.ndarray | None = None
+
+    def _noise(self, canvas: np.ndarray, amount: float, stddev: float) -> np.ndarray:
+        if self.noise is None or self.noise.shape != canvas.shape[:2]:
+            raise RuntimeError("a night frame was rendered without the noise of its step")
+        mask = amount * _vignette(canvas.shape, stddev)[..., None]
+        return (1 - mask) * canvas + mask * self.noise[..., None]
+
+
+class SortedBalanceMixin:
+    """Balance chunks over their creatures in position order (see the module docstring)."""
+
+    def _balance_object(self, chunk: Any, objs: Any, *args: Any) -> None:
+        ordered = sorted(objs, key=lambda obj: (int(obj.pos[0]), int(obj.pos[1])))
+        super()._balance_object(chunk, ordered, *args)  # type: ignore[misc]
+
+
+class DeterministicCrafter(SortedBalanceMixin, crafter.Env):
+    """Stock `crafter.Env` dynamics, deterministic, rendering only on request.
+
+    Build instances with ``DeterministicCrafter.create`` (a copy of a template sharing its
+    decoded textures, ~0.3 ms) rather than the constructor (~30 ms).
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._local_view = _LocalView(self._world, self._textures, self._local_view._grid)
+        self._sem_view = _skip_semantic_view
+        unit = self._size // self._view
+        self._noise_shape = tuple(int(n) for n in self._local_view._grid * unit)
+
+    @classmethod
+    def create(cls, *, length: int, seed: int) -> DeterministicCrafter:
+        template = _template()
+        sim = copy.deepcopy(template, {id(template._textures): template._textures})
+        sim._length = length
+        sim._seed = seed
+        return sim
+
+    # ---------------------------------------------------------------------------------------
+
+    def _obs(self) -> None:
+        if self._world.daylight < 0.5:
+            self._local_view.noise = self._world.random.uniform(32, 127, self._noise_shape)
+        else:
+            self._local_view.noise = None
+        return None
+
+    def reset_with(self, install: Callable[[DeterministicCrafter], None]) -> None:
+        """Start the next episode as ``reset`` does, with ``install`` building the world."""
+        self._episode += 1
+        self._step = 0
+        install(self)
+        self._update_time()
+        self._last_health = self._player.health
+        self._unlocked = set()
+        self._obs()
+
+    def world_seed(self, episode: int) -> int:
+        """The seed stock crafter gives the world of ``episode`` (1-based)."""
+        return hash((self._seed, episode)) % (2**31 - 1)
+
+    def tick(self, action: int) -> tuple[float, list[str]]:
+        """One Crafter step: its reward and the achievements first unlocked by it."""
+        before = frozenset(self._unlocked)
+        _, reward, _, _ = self.step(action)
+        unlocked = [name for name in ACHIEVEMENTS if name in self._unlocked and name not in before]
+        return float(reward), unlocked
+
+    @property
+    def dead(self) -> bool:
+        return self._player.health <= 0
+
+    @property
+    def over(self) -> bool:
+        """The episode has ended, by death or by reaching ``length`` steps."""
+        return self.dead or self._step >= self._length
+
+    def render_png(self) -> bytes:
+        """The frame a rendering env would show now, PNG-encoded. Consumes no randomness."""
+        frame = self.render()
+        buf = io.BytesIO()
+        Image.fromarray(frame).save(buf, format="PNG")
+        return buf.getvalue()
+
+
+_template_lock = threading.Lock()
+_template_env: DeterministicCrafter | None = None
+
+
+def _template() -> DeterministicCrafter:
+    global _template_env
+    if _template_env is None:
+        with _template_lock:
+            if _template_env is None:
+                _template_env = DeterministicCrafter(seed=0)
+    return _template_env

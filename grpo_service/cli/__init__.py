@@ -1,0 +1,47 @@
+"""The ``grpo-service`` console script: serve → rollout → export-sft → (train) → eval.
+
+Each subcommand lives in its own module as a plain function; registering one is one line
+below. A later subcommand such as ``bench`` is added with
+``app.command("bench")(bench_main)`` — or, with no edit here, by defining ``bench_main`` in
+``grpo_service/bench.py``, which is picked up when that module exists.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+import typer
+
+from grpo_service.cli.eval import eval_command
+from grpo_service.cli.export import export_command
+from grpo_service.cli.rollout import rollout_command
+from grpo_service.cli.serve import serve_command
+from grpo_service.cli.traces import traces_command
+
+app = typer.Typer(
+    name="grpo-service",
+    help="Crafter task app for GRPO: serve it with tracing, collect rollouts, export SFT data, evaluate.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("serve")(serve_command)
+app.command("rollout")(rollout_command)
+app.command("eval")(eval_command)
+app.command("export-sft")(export_command)
+app.command("traces")(traces_command)
+
+
+def _register_optional(name: str, module: str, attr: str) -> None:
+    """Register ``module.attr`` as subcommand ``name`` if that module exists (import errors surface)."""
+    if importlib.util.find_spec(module) is not None:
+        app.command(name)(getattr(importlib.import_module(module), attr))
+
+
+_register_optional("bench", "grpo_service.bench", "bench_main")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,3 @@
+from grpo_service.cli import main
+
+main()

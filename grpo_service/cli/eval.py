@@ -1,0 +1,127 @@
+"""``grpo-service eval``: N episodes through ``/rollout``, aggregated as the Crafter paper scores them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from grpo_service.cli.http import ServiceCallError
+from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, crafter_achievements, run_eval
+
+console = Console()
+
+
+def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
+    """TOML keys (top level, or an ``[eval]`` table) overridden by the flags that were given."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        values = dict(data.get("eval", data))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return EvalConfig.model_validate(values)
+
+
+def summary_table(summary: dict[str, Any]) -> Table:
+    table = Table(title="evaluation", show_header=False)
+    table.add_row("completed / total", f"{summary['completed']} / {summary['total']}")
+    table.add_row("crafter score", f"{summary['crafter_score']:.2f}")
+    table.add_row("avg achievements", f"{summary['avg_achievements']:.2f}")
+    table.add_row("avg turns", f"{summary['avg_turns']:.2f}")
+    table.add_row("mean return", f"{summary['mean_return']:.3f}")
+    freq = summary["achievements_freq"]
+    table.add_row("achievements", ", ".join(f"{a} {n}" for a, n in freq.items()) or "none")
+    failures = summary["failures"]
+    table.add_row("failures", ", ".join(f"{k} {v}" for k, v in failures.items()) or "none")
+    return table
+
+
+def eval_command(
+    config_file: Annotated[
+        Path | None, typer.Option("--config", exists=True, dir_okay=False, help="TOML with the same keys.")
+    ] = None,
+    base_url: Annotated[str | None, typer.Option(envvar="TASK_APP_URL", help="The task app.")] = None,
+    api_key: Annotated[str | None, typer.Option(envvar="ENVIRONMENT_API_KEY", show_default=False)] = None,
+    inference_url: Annotated[str | None, typer.Option(help="Default: the service's.")] = None,
+    inference_api_key: Annotated[
+        str | None, typer.Option(envvar="INFERENCE_API_KEY", show_default=False)
+    ] = None,
+    model: Annotated[str | None, typer.Option(help="Model id, e.g. ft:... (default: the service's).")] = None,
+    policy: Annotated[str | None, typer.Option(help="Policy plug-in [default: crafter-react].")] = None,
+    episodes: Annotated[
+        int | None, typer.Option(min=1, help="Episodes [default: 10, or one per seed].")
+    ] = None,
+    max_turns: Annotated[int | None, typer.Option(min=1, help="Decisions per episode [default: 10].")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Episodes at once [default: 4].")] = None,
+    seeds: Annotated[
+        str | None, typer.Option(help='World seeds: "0-19" or "1,5,9" [default: 0..N-1].')
+    ] = None,
+    timeout_s: Annotated[float | None, typer.Option("--timeout", help="Seconds per episode [600].")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write summary + episodes here.")] = None,
+) -> None:
+    """Evaluate a model/policy over N Crafter episodes through /rollout."""
+    try:
+        config = load_config(
+            config_file,
+            {
+                "base_url": base_url,
+                "api_key": api_key,
+                "inference_url": inference_url,
+                "inference_api_key": inference_api_key,
+                "model": model,
+                "policy": policy,
+                "episodes": episodes,
+                "max_turns": max_turns,
+                "concurrency": concurrency,
+                "seeds": seeds,
+                "timeout_s": timeout_s,
+            },
+        )
+        seeds_list = config.episode_seeds()
+    except (ValidationError, ValueError, tomllib.TOMLDecodeError) as exc:
+        console.print(f"[red]invalid eval config:[/] {exc}")
+        raise typer.Exit(2) from None
+
+    counts = {"completed": 0, "failed": 0}
+    with Progress(
+        TextColumn("[bold]eval[/] {task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    ) as progress:
+        task = progress.add_task("", total=len(seeds_list))
+
+        def on_result(result: EpisodeResult) -> None:
+            counts["completed" if result.failure is None else "failed"] += 1
+            progress.update(
+                task, advance=1, description=f"{counts['completed']} ok, {counts['failed']} failed"
+            )
+
+        try:
+            results = asyncio.run(run_eval(config, on_result))
+        except ServiceCallError as exc:
+            console.print(f"[red]cannot use the task app at {config.base_url}:[/] {exc}")
+            raise typer.Exit(2) from None
+
+    summary = aggregate(results, crafter_achievements())
+    console.print(summary_table(summary))
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        report = {
+            "summary": summary,
+            "config": config.model_dump(exclude={"api_key", "inference_api_key"}),
+            "episodes": [r.model_dump() for r in results],
+        }
+        json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {json_out}")
+    if summary["total"] and not summary["scored"]:
+        raise typer.Exit(1)

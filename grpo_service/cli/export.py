@@ -1,0 +1,119 @@
+"""``grpo-service export-sft``: OpenAI chat fine-tuning JSONL from a trace DB."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+from rich.table import Table
+
+from grpo_service.tracing.export import ExportFilters, ExportReport, export_sft
+from grpo_service.tracing.reader import TraceDBError
+
+console = Console()
+DB_GLOB = "task_app_traces*.db"
+SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages"})
+
+
+def find_trace_dbs(root: Path) -> list[Path]:
+    """Every ``task_app_traces*.db`` under ``root``, newest first (hidden dirs and venvs skipped)."""
+    found: list[Path] = []
+    for dirpath, dirnames, _ in os.walk(root):
+        dirnames[:] = [d for d in dirnames if not d.startswith(".") and d not in SKIP_DIRS]
+        found.extend(Path(dirpath).glob(DB_GLOB))
+    return sorted(found, key=_last_write, reverse=True)
+
+
+def _last_write(db: Path) -> float:
+    # In WAL mode recent commits live in the -wal file until a checkpoint.
+    wal = db.with_name(db.name + "-wal")
+    return max(db.stat().st_mtime, wal.stat().st_mtime if wal.exists() else 0.0)
+
+
+def _interactive() -> bool:
+    return sys.stdin.isatty()
+
+
+def choose_db(root: Path) -> Path:
+    dbs = find_trace_dbs(root)
+    if not dbs:
+        console.print(f"[red]no {DB_GLOB} under {root}[/]; pass --in PATH")
+        raise typer.Exit(2)
+    for i, db in enumerate(dbs, 1):
+        marker = "  [green]← most recent[/]" if i == 1 else ""
+        console.print(f"  {i}. {db.relative_to(root) if db.is_relative_to(root) else db}{marker}")
+    if not _interactive():
+        console.print(f"stdin is not a terminal: using the most recent, {dbs[0]}")
+        return dbs[0]
+    choice = typer.prompt("Which trace DB?", default=1, type=int)
+    if not 1 <= choice <= len(dbs):
+        console.print(f"[red]choose 1-{len(dbs)}[/]")
+        raise typer.Exit(2)
+    return dbs[choice - 1]
+
+
+def report_table(report: ExportReport) -> Table:
+    table = Table(title=f"SFT export → {report.out}", show_header=False)
+    table.add_row("sessions kept", f"{report.sessions_kept} / {report.sessions_total}")
+    for reason, n in sorted(report.session_skips.items()):
+        table.add_row(f"  session skipped: {reason}", str(n))
+    table.add_row("examples (turns) written", f"{report.examples} / {report.turns_seen}")
+    for reason, n in sorted(report.turn_skips.items()):
+        table.add_row(f"  turn skipped: {reason}", str(n))
+    return table
+
+
+def export_command(
+    in_db: Annotated[
+        Path | None,
+        typer.Option("--in", dir_okay=False, help="Trace DB (default: pick from those found here)."),
+    ] = None,
+    out: Annotated[Path, typer.Option("--out", dir_okay=False, help="JSONL to write.")] = Path(
+        "ft_data/crafter_sft.jsonl"
+    ),
+    model: Annotated[str | None, typer.Option(help="Only sessions played by this model.")] = None,
+    min_achievements: Annotated[int, typer.Option(min=0, help="Distinct achievements, at least.")] = 0,
+    require_achievement: Annotated[
+        list[str] | None, typer.Option("--require-achievement", help="Must be unlocked (repeatable).")
+    ] = None,
+    min_reward: Annotated[float | None, typer.Option(help="Session total reward, at least.")] = None,
+    limit: Annotated[
+        int | None, typer.Option(min=1, help="At most this many sessions (oldest first).")
+    ] = None,
+) -> None:
+    """Export successful turns as OpenAI chat fine-tuning examples (one JSON line per turn)."""
+    db = in_db if in_db is not None else choose_db(Path.cwd())
+    filters = ExportFilters(
+        model=model,
+        min_achievements=min_achievements,
+        require_achievements=require_achievement or [],
+        min_reward=min_reward,
+        limit=limit,
+    )
+    with Progress(
+        TextColumn("[bold]export[/] sessions"), BarColumn(), MofNCompleteColumn(), console=console
+    ) as progress:
+        task = progress.add_task("", total=None)
+        try:
+            report = export_sft(
+                db,
+                out,
+                filters,
+                on_session=lambda: progress.advance(task),
+                on_start=lambda n: progress.update(task, total=n),
+            )
+        except TraceDBError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from None
+    console.print(report_table(report))
+    if report.writer_drops or report.writer_failures:
+        console.print(
+            f"[yellow]note:[/] the server dropped {report.writer_drops} and failed to write "
+            f"{report.writer_failures} rollouts to this DB (see `grpo-service traces --in {db}`)"
+        )
+    console.print(f"wrote {report.examples} examples to {out}")

@@ -1,0 +1,96 @@
+"""``grpo-service serve``: run the task app, optionally tracing every rollout to SQLite."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from pydantic import SecretStr
+from rich.console import Console
+
+from grpo_service.config import Settings
+
+console = Console()
+RELOAD_APP = "grpo_service.cli.asgi:app"
+
+
+def trace_db_path(trace_dir: Path | None, trace_db: Path | None, now: float | None = None) -> Path | None:
+    """``--trace-db`` names the file; ``--trace DIR`` makes ``DIR/task_app_traces_<timestamp>.db``."""
+    if trace_db is not None:
+        return trace_db
+    if trace_dir is None:
+        return None
+    stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(now))
+    path = trace_dir / f"task_app_traces_{stamp}.db"
+    n = 2
+    while path.exists():  # two servers started within the same second each get their own file
+        path = trace_dir / f"task_app_traces_{stamp}_{n}.db"
+        n += 1
+    return path
+
+
+def build_settings(env_file: Path | None, **overrides: Any) -> Settings:
+    """Settings from the environment, the env file (default ``.env``) and the given flags."""
+    given = {k: v for k, v in overrides.items() if v is not None}
+    return Settings(_env_file=env_file if env_file is not None else ".env", **given)  # type: ignore[call-arg]
+
+
+def settings_environment(settings: Settings) -> dict[str, str]:
+    """The settings as environment variables, for the child process uvicorn's reloader starts."""
+    out: dict[str, str] = {}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        elif isinstance(value, bool):
+            value = "true" if value else "false"
+        out[name.upper()] = str(value)
+    return out
+
+
+def serve_command(
+    host: Annotated[str | None, typer.Option(help="Bind address (default: HOST or 127.0.0.1).")] = None,
+    port: Annotated[int | None, typer.Option(help="Port (default: PORT or 8000).")] = None,
+    env_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--env-file", exists=True, dir_okay=False, help="Settings file (default: ./.env if any)."
+        ),
+    ] = None,
+    reload: Annotated[bool, typer.Option("--reload", help="Restart on code changes (development).")] = False,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            file_okay=False,
+            help="Trace every rollout to DIR/task_app_traces_<timestamp>.db (one file per server run).",
+        ),
+    ] = None,
+    trace_db: Annotated[
+        Path | None, typer.Option("--trace-db", dir_okay=False, help="Trace to this SQLite file instead.")
+    ] = None,
+    insecure: Annotated[
+        bool, typer.Option("--insecure", help="Allow a non-loopback bind without ENVIRONMENT_API_KEY.")
+    ] = False,
+) -> None:
+    """Serve the task app (FastAPI + uvicorn), with optional SQLite tracing."""
+    db = trace_db_path(trace, trace_db)
+    settings = build_settings(
+        env_file, host=host, port=port, trace_db=db, allow_insecure=True if insecure else None
+    )
+    if settings.trace_db is not None:
+        settings.trace_db.parent.mkdir(parents=True, exist_ok=True)
+        console.print(f"[bold]Tracing[/] every rollout to [cyan]{settings.trace_db}[/]")
+    console.print(f"[bold]Serving[/] on http://{settings.host}:{settings.port}  (API docs: /docs)")
+    from grpo_service.server import serve
+
+    if reload:
+        # The reloader's child rebuilds Settings from the environment, so hand it everything.
+        os.environ.update(settings_environment(settings))
+        serve(settings, reload=True, app_path=RELOAD_APP)
+    else:
+        serve(settings)

@@ -1,0 +1,105 @@
+"""JSON encoding for trace columns, secret redaction, and the message ⇄ row mapping."""
+
+from __future__ import annotations
+
+import base64
+import json
+from typing import Any
+
+REDACTED = "[redacted]"
+_SECRET_MARKERS = ("key", "secret", "password", "authorization")
+
+# Message fields with their own column; everything else goes to ``extra``.
+MESSAGE_COLUMNS = ("content", "tool_calls", "tool_call_id", "name")
+
+
+def _default(value: Any) -> Any:
+    # numpy scalars and arrays (env info), sets, bytes: whatever the trace carries, never fail.
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, set | frozenset):
+        return sorted(value, key=repr)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if hasattr(value, "model_dump"):
+        return value.model_dump(mode="json")
+    return str(value)
+
+
+def dumps(value: Any) -> str | None:
+    if value is None:
+        return None
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=_default)
+
+
+def loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def canonical(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=_default)
+
+
+def is_secret_key(name: str) -> bool:
+    lowered = name.lower()
+    return any(marker in lowered for marker in _SECRET_MARKERS)
+
+
+def redact(value: Any) -> Any:
+    """A copy with every value under a secret-looking key (``api_key``, ...) replaced."""
+    if isinstance(value, dict):
+        return {
+            k: (REDACTED if is_secret_key(str(k)) and v is not None else redact(v)) for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    return value
+
+
+def split_message(message: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
+    """(role, column values, extra) for one chat message; `join_message` inverts it exactly.
+
+    Keys that are absent, or explicitly null, are told apart in ``extra`` so that the DB gives
+    back the very messages the model was sent.
+    """
+    extra: dict[str, Any] = {k: v for k, v in message.items() if k != "role" and k not in MESSAGE_COLUMNS}
+    role = message.get("role")
+    if not isinstance(role, str):
+        extra["$role"] = role
+        role = "" if role is None else str(role)
+    columns: dict[str, Any] = {}
+    absent: list[str] = []
+    null: list[str] = []
+    for key in MESSAGE_COLUMNS:
+        value = message.get(key)
+        if key not in message:
+            if key == "content":
+                absent.append(key)
+            continue
+        if value is None and key != "content":
+            null.append(key)
+        elif key in ("content", "tool_call_id", "name") and not isinstance(value, str):
+            extra[f"${key}"] = value  # e.g. multimodal content parts
+            value = None
+        columns[key] = value
+    if absent:
+        extra["$absent"] = absent
+    if null:
+        extra["$null"] = null
+    return role, columns, extra or None
+
+
+def join_message(role: str, columns: dict[str, Any], extra: dict[str, Any] | None) -> dict[str, Any]:
+    extra = dict(extra or {})
+    message: dict[str, Any] = {"role": extra.pop("$role", role)}
+    absent = extra.pop("$absent", [])
+    null = extra.pop("$null", [])
+    for key in MESSAGE_COLUMNS:
+        if f"${key}" in extra:
+            message[key] = extra.pop(f"${key}")
+        elif columns.get(key) is not None:
+            message[key] = columns[key]
+        elif key in null or (key == "content" and key not in absent):
+            message[key] = None
+    message.update(extra)
+    return message

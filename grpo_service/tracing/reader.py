@@ -1,0 +1,232 @@
+"""`TraceReader`: reads a trace DB on its own (synchronous) connection.
+
+Used by the exporter, the CLI and tests. Opening a DB brings an old schema up to date (the
+migrations only add), so files from earlier versions keep working; a read-only file, or one
+from a newer version, is read as it is.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+from pathlib import Path
+from typing import Any, Self
+
+from grpo_service.tracing.codec import join_message, loads
+from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SchemaTooNew, migrate_sync, schema_version
+
+log = logging.getLogger(__name__)
+
+SESSION_JSON = ("env_config", "policy_config", "sampling", "achievements", "metrics", "request")
+
+
+class TraceDBError(RuntimeError):
+    """The file is missing or is not a trace DB."""
+
+
+def connect(path: str | Path, *, migrate: bool = True) -> sqlite3.Connection:
+    path = Path(path)
+    if not path.is_file():
+        raise TraceDBError(f"no trace DB at {path}")
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    try:
+        for pragma in CONNECTION_PRAGMAS:
+            conn.execute(pragma)
+        if migrate:
+            try:
+                migrate_sync(conn)
+            except SchemaTooNew as exc:
+                log.warning("%s; reading it as it is", exc)
+            except sqlite3.OperationalError as exc:  # e.g. a read-only file
+                log.warning("cannot migrate %s (%s); reading it as it is", path, exc)
+        if schema_version(conn) < 1:
+            raise TraceDBError(f"{path} is not a grpo-service trace DB (no schema_version table)")
+    except sqlite3.DatabaseError as exc:
+        conn.close()
+        raise TraceDBError(f"{path} is not a readable SQLite DB: {exc}") from exc
+    except BaseException:
+        conn.close()
+        raise
+    return conn
+
+
+def _session(row: sqlite3.Row) -> dict[str, Any]:
+    out = dict(row)
+    for key in SESSION_JSON:
+        if key in out:
+            out[key] = loads(out[key])
+    return out
+
+
+class TraceReader:
+    def __init__(self, path: str | Path, *, migrate: bool = True) -> None:
+        self.path = Path(path)
+        self.conn = connect(self.path, migrate=migrate)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------------------- sessions
+
+    def version(self) -> int:
+        return schema_version(self.conn)
+
+    def count(self, table: str = "sessions") -> int:
+        if table not in {"sessions", "turns", "messages", "llm_calls", "env_steps", "rewards"}:
+            raise ValueError(f"unknown table {table!r}")
+        return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+
+    def sessions(self, *, order: str = "started_at") -> list[dict[str, Any]]:
+        if order not in ("started_at", "recorded_at"):
+            raise ValueError(f"cannot order by {order!r}")
+        rows = self.conn.execute(f"SELECT * FROM sessions ORDER BY {order}, rowid")
+        return [_session(r) for r in rows]
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        row = self.conn.execute("SELECT * FROM sessions WHERE session_id = ?", (session_id,)).fetchone()
+        if row is None:
+            raise KeyError(session_id)
+        return _session(row)
+
+    def session_ids(self, run_id: str) -> list[str]:
+        """Sessions recorded for a run id, oldest first (a finished run id may be reused)."""
+        rows = self.conn.execute(
+            "SELECT session_id FROM sessions WHERE run_id = ? ORDER BY recorded_at, rowid", (run_id,)
+        )
+        return [r[0] for r in rows]
+
+    def writers(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.conn.execute("SELECT * FROM trace_writers ORDER BY id")]
+
+    def dropped(self) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.conn.execute("SELECT * FROM dropped_rollouts ORDER BY id")]
+
+    # -------------------------------------------------------------------------------- turns
+
+    def messages(self, session_id: str) -> dict[int, dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT idx, role, content, tool_calls, tool_call_id, name, extra FROM messages "
+            "WHERE session_id = ? ORDER BY idx",
+            (session_id,),
+        )
+        out: dict[int, dict[str, Any]] = {}
+        for r in rows:
+            columns = {
+                "content": r["content"],
+                "tool_calls": loads(r["tool_calls"]),
+                "tool_call_id": r["tool_call_id"],
+                "name": r["name"],
+            }
+            out[r["idx"]] = join_message(r["role"], columns, loads(r["extra"]))
+        return out
+
+    def turns(self, session_id: str) -> list[dict[str, Any]]:
+        """Every decision of a session with its prompt, reply, LLM call and env step."""
+        messages = self.messages(session_id)
+        rows = self.conn.execute(
+            """SELECT t.turn, t.episode, t.observation, t.tool_calls, t.decision_error,
+                      t.decision_error_detail, t.prompt_messages, t.completion_message,
+                      l.turn IS NOT NULL AS has_llm_call, l.model, l.request AS llm_request,
+                      l.response AS llm_response, l.finish_reason, l.usage, l.latency_ms, l.attempts,
+                      l.error AS llm_error, l.prompt_token_ids, l.completion_token_ids,
+                      l.completion_logprobs,
+                      e.turn IS NOT NULL AS has_env_step, e.actions, e.actions_executed, e.reward, e.done,
+                      e.truncated, e.step_idx, e.achievements_unlocked, e.env_ms
+               FROM turns t
+               LEFT JOIN llm_calls l ON l.session_id = t.session_id AND l.turn = t.turn
+               LEFT JOIN env_steps e ON e.session_id = t.session_id AND e.turn = t.turn
+               WHERE t.session_id = ? ORDER BY t.turn""",
+            (session_id,),
+        )
+        out = []
+        for r in rows:
+            prompt_ids = loads(r["prompt_messages"])
+            completion = r["completion_message"]
+            out.append(
+                {
+                    "turn": r["turn"],
+                    "episode": r["episode"],
+                    "observation": loads(r["observation"]),
+                    "tool_calls": loads(r["tool_calls"]),
+                    "decision_error": r["decision_error"],
+                    "decision_error_detail": r["decision_error_detail"],
+                    "prompt": None if prompt_ids is None else [messages[i] for i in prompt_ids],
+                    "completion": None if completion is None else messages[completion],
+                    "llm": None
+                    if not r["has_llm_call"]
+                    else {
+                        "model": r["model"],
+                        "request": loads(r["llm_request"]),
+                        "response": loads(r["llm_response"]),
+                        "finish_reason": r["finish_reason"],
+                        "usage": loads(r["usage"]),
+                        "latency_ms": r["latency_ms"],
+                        "attempts": r["attempts"],
+                        "error": r["llm_error"],
+                        "prompt_token_ids": loads(r["prompt_token_ids"]),
+                        "completion_token_ids": loads(r["completion_token_ids"]),
+                        "completion_logprobs": loads(r["completion_logprobs"]),
+                    },
+                    "env": None
+                    if not r["has_env_step"]
+                    else {
+                        "actions": loads(r["actions"]),
+                        "actions_executed": r["actions_executed"],
+                        "reward": r["reward"],
+                        "done": bool(r["done"]),
+                        "truncated": bool(r["truncated"]),
+                        "step_idx": r["step_idx"],
+                        "achievements_unlocked": loads(r["achievements_unlocked"]),
+                        "env_ms": r["env_ms"],
+                    },
+                }
+            )
+        return out
+
+    def rewards(self, session_id: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT scope, turn, episode, kind, value, annotation FROM rewards WHERE session_id = ? "
+            "ORDER BY id",
+            (session_id,),
+        )
+        return [{**dict(r), "annotation": loads(r["annotation"])} for r in rows]
+
+    # --------------------------------------------------------------------------- trace dict
+
+    def trace_dict(self, session_id: str) -> dict[str, Any]:
+        """The session in `RolloutTrace.to_dict()` form: equal to what ``return_trace`` returned."""
+        s = self.session(session_id)
+        turns = []
+        for t in self.turns(session_id):
+            llm, env = t["llm"], t["env"]
+            turns.append(
+                {
+                    "turn": t["turn"],
+                    "messages": t["prompt"] if llm else None,
+                    "response": llm["response"] if llm else None,
+                    "tool_calls": t["tool_calls"],
+                    "error": t["decision_error"],
+                    "reward": env["reward"] if env else None,
+                    "done": env["done"] if env else None,
+                    "achievements_unlocked": env["achievements_unlocked"] if env else None,
+                }
+            )
+        return {
+            "run_id": s["run_id"],
+            "group_id": s["group_id"],
+            "group_index": s["group_index"],
+            "env_name": s["env_name"],
+            "policy_name": s["policy_name"],
+            "seed": s["seed"],
+            "started_at": s["started_at"],
+            "finished_at": s["finished_at"],
+            "stop_reason": s["stop_reason"],
+            "turns": turns,
+        }

@@ -1,0 +1,298 @@
+"""Turning one finished `RolloutTrace` into the rows of every trace table."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_service.rollout import IMAGE_KEYS, DecisionTrace, RolloutTrace
+from grpo_service.tracing.codec import canonical, dumps, redact, split_message
+
+SAMPLING_KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "max_tokens",
+    "max_completion_tokens",
+    "seed",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "logprobs",
+    "top_logprobs",
+)
+
+
+def _columns(names: str) -> list[str]:
+    return names.split()
+
+
+SESSION_COLUMNS = _columns(
+    "session_id run_id group_id group_index rl_run_id mode env_name env_config seed policy_name "
+    "policy_config model sampling started_at finished_at status stop_reason error num_turns "
+    "num_steps num_episodes total_reward mean_return achievements achievements_count llm_calls "
+    "prompt_tokens completion_tokens metrics request writer_id recorded_at"
+)
+TURN_COLUMNS = _columns(
+    "session_id turn episode observation tool_calls decision_error decision_error_detail "
+    "prompt_messages completion_message"
+)
+MESSAGE_COLUMNS = _columns("session_id idx turn source role content tool_calls tool_call_id name extra")
+LLM_COLUMNS = _columns(
+    "session_id turn model request response finish_reason prompt_tokens completion_tokens "
+    "total_tokens usage latency_ms attempts error prompt_token_ids completion_token_ids "
+    "completion_logprobs"
+)
+ENV_STEP_COLUMNS = _columns(
+    "session_id turn episode actions actions_executed reward done truncated step_idx "
+    "achievements_unlocked env_ms info"
+)
+REWARD_COLUMNS = _columns("session_id scope turn episode kind value annotation")
+
+TABLE_COLUMNS: dict[str, list[str]] = {
+    "sessions": SESSION_COLUMNS,
+    "turns": TURN_COLUMNS,
+    "messages": MESSAGE_COLUMNS,
+    "llm_calls": LLM_COLUMNS,
+    "env_steps": ENV_STEP_COLUMNS,
+    "rewards": REWARD_COLUMNS,
+}
+
+
+def insert_sql(table: str) -> str:
+    columns = TABLE_COLUMNS[table]
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+@dataclass
+class TraceRows:
+    """Rows per table (parents first), as tuples in `TABLE_COLUMNS` order."""
+
+    tables: dict[str, list[tuple[Any, ...]]] = field(
+        default_factory=lambda: {name: [] for name in TABLE_COLUMNS}
+    )
+
+    def extend(self, other: TraceRows) -> None:
+        for name, rows in other.tables.items():
+            self.tables[name].extend(rows)
+
+    def count(self) -> int:
+        return sum(len(rows) for rows in self.tables.values())
+
+
+class _Messages:
+    """A session's distinct messages: a message seen again in a later prompt is stored once."""
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.index: dict[str, int] = {}
+        self.rows: list[tuple[Any, ...]] = []
+
+    def add(self, message: Any, turn: int, source: str) -> int:
+        if not isinstance(message, dict):
+            message = {"role": "", "$content": message}
+        key = f"{source}:{canonical(message)}"
+        found = self.index.get(key)
+        if found is not None:
+            return found
+        idx = len(self.rows)
+        role, columns, extra = split_message(message)
+        self.rows.append(
+            (
+                self.session_id,
+                idx,
+                turn,
+                source,
+                role,
+                columns.get("content"),
+                dumps(columns.get("tool_calls")),
+                columns.get("tool_call_id"),
+                columns.get("name"),
+                dumps(extra),
+            )
+        )
+        self.index[key] = idx
+        return idx
+
+
+def _completion_message(response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The assistant message of the first choice, without the null fields SDKs add."""
+    if not isinstance(response, dict):
+        return None
+    choices = response.get("choices") or []
+    if not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return None
+    return {k: v for k, v in message.items() if v is not None or k == "content"}
+
+
+def _strip_images(observation: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
+
+
+def _episodes(decisions: list[DecisionTrace]) -> list[int]:
+    """The episode of each decision: a new one starts after a step that ended an episode."""
+    episode, out = 0, []
+    for d in decisions:
+        out.append(episode)
+        if d.result is not None and d.result.done:
+            episode += 1
+    return out
+
+
+def _model_and_sampling(trace: RolloutTrace) -> tuple[str | None, dict[str, Any]]:
+    for d in trace.decisions:
+        call = d.decision.llm_call
+        if call is not None:
+            request = call.request
+            sampling = {k: request[k] for k in SAMPLING_KEYS if k in request}
+            return request.get("model") or call.model, sampling
+    config = trace.policy_config
+    return config.get("model"), {k: config[k] for k in SAMPLING_KEYS if k in config}
+
+
+def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, recorded_at: float) -> TraceRows:
+    out = TraceRows()
+    t = out.tables
+    response, metrics = trace.response, trace.response.metrics
+    messages = _Messages(session_id)
+    episodes = _episodes(trace.decisions)
+    episode_totals: dict[int, dict[str, Any]] = {}
+
+    for d, episode in zip(trace.decisions, episodes, strict=True):
+        call = d.decision.llm_call
+        prompt_ids: list[int] | None = None
+        completion_idx: int | None = None
+        if call is not None:
+            prompt = call.request.get("messages")
+            if isinstance(prompt, list):
+                prompt_ids = [messages.add(m, d.turn, "prompt") for m in prompt]
+            completion = _completion_message(call.response)
+            if completion is not None:
+                completion_idx = messages.add(completion, d.turn, "completion")
+            usage = call.usage or {}
+            t["llm_calls"].append(
+                (
+                    session_id,
+                    d.turn,
+                    call.request.get("model") or call.model,
+                    dumps(redact({k: v for k, v in call.request.items() if k != "messages"})),
+                    dumps(call.response),
+                    call.finish_reason,
+                    usage.get("prompt_tokens"),
+                    usage.get("completion_tokens"),
+                    usage.get("total_tokens"),
+                    dumps(call.usage),
+                    call.latency_ms,
+                    call.attempts,
+                    call.error,
+                    dumps(call.prompt_token_ids),
+                    dumps(call.completion_token_ids),
+                    dumps(call.completion_logprobs),
+                )
+            )
+        t["turns"].append(
+            (
+                session_id,
+                d.turn,
+                episode,
+                dumps(_strip_images(d.observation)) if isinstance(d.observation, dict) else None,
+                dumps(d.decision.tool_calls),
+                d.decision.error,
+                d.decision.error_detail,
+                dumps(prompt_ids),
+                completion_idx,
+            )
+        )
+        result = d.result
+        if result is None:
+            continue
+        info = result.info or {}
+        unlocked = info.get("achievements_unlocked")
+        t["env_steps"].append(
+            (
+                session_id,
+                d.turn,
+                episode,
+                dumps(list(info.get("actions", []))),
+                info.get("actions_executed"),
+                float(result.reward),
+                int(result.done),
+                int(result.truncated),
+                result.step_idx,
+                dumps(unlocked),
+                d.env_ms,
+                dumps(info),
+            )
+        )
+        t["rewards"].append((session_id, "step", d.turn, episode, "env", float(result.reward), None))
+        if unlocked:
+            annotation = dumps({"achievements": list(unlocked)})
+            t["rewards"].append(
+                (session_id, "step", d.turn, episode, "achievements", float(len(unlocked)), annotation)
+            )
+        totals = episode_totals.setdefault(
+            episode, {"return": 0.0, "achievements": [], "length": 0, "done": False, "truncated": False}
+        )
+        totals["return"] += float(result.reward)
+        totals["achievements"].extend(a for a in unlocked or [] if a not in totals["achievements"])
+        totals["length"] += 1
+        totals["done"], totals["truncated"] = bool(result.done), bool(result.truncated)
+
+    for episode, totals in sorted(episode_totals.items()):
+        value = round(totals.pop("return"), 6)
+        t["rewards"].append((session_id, "episode", None, episode, "return", value, dumps(totals)))
+        count = float(len(totals["achievements"]))
+        t["rewards"].append((session_id, "episode", None, episode, "achievements", count, None))
+
+    total_reward = round(sum(metrics.episode_returns), 6)
+    achievements = list(metrics.achievements)
+    t["rewards"].append(
+        (session_id, "session", None, None, "return", total_reward, dumps({"achievements": achievements}))
+    )
+    t["rewards"].append((session_id, "session", None, None, "achievements", float(len(achievements)), None))
+    t["messages"] = messages.rows
+
+    model, sampling = _model_and_sampling(trace)
+    request = trace.request
+    t["sessions"].append(
+        (
+            session_id,
+            response.run_id,
+            response.group_id,
+            response.group_index,
+            request.rl_run_id,
+            request.mode,
+            trace.env_name,
+            dumps(redact(request.env.config)),
+            trace.seed,
+            trace.policy_name,
+            dumps(redact(trace.policy_config)),
+            model,
+            dumps(sampling),
+            trace.started_at,
+            trace.finished_at,
+            response.status,
+            response.stop_reason,
+            response.error,
+            len(trace.decisions),
+            metrics.num_steps,
+            metrics.num_episodes,
+            total_reward,
+            metrics.mean_return,
+            dumps(achievements),
+            len(achievements),
+            metrics.llm_calls,
+            metrics.prompt_tokens,
+            metrics.completion_tokens,
+            dumps(metrics.model_dump(mode="json")),
+            dumps(redact(request.model_dump(mode="json", exclude_none=True))),
+            writer_id,
+            recorded_at,
+        )
+    )
+    return out

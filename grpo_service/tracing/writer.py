@@ -1,0 +1,295 @@
+"""`TraceWriter`: appends every finished rollout to a SQLite trace DB without ever making a
+rollout wait on disk.
+
+Design (see docs/workflow.md, "Tracing"):
+
+- ``submit(trace)`` is synchronous and O(1): ``put_nowait`` on a bounded ``asyncio.Queue``.
+- One writer task owns the only write connection (aiosqlite: the SQL runs on its thread).
+  It takes everything queued at that moment (up to ``max_batch`` rollouts), writes it with
+  ``executemany`` in one transaction and commits: group commit, so a finished rollout is
+  durable within one batch time (milliseconds) and batches grow by themselves under load.
+- WAL mode with ``synchronous=NORMAL``: a committed batch survives ``kill -9``; readers use
+  their own connections and never block the writer.
+- Queue full: the rollout is **not** written; it is counted (``stats()["dropped"]``, the
+  ``trace_writers.dropped`` column), its run id is recorded in ``dropped_rollouts`` by the
+  next batch, and a warning is logged. The alternative, waiting for room, would stall the
+  event loop that serves every other rollout; an unbounded queue would trade the drop for an
+  out-of-memory kill that loses everything queued.
+- A batch that fails is retried one rollout per transaction, so one bad trace costs only
+  itself (counted as ``failed``, also named in ``dropped_rollouts``).
+- ``close()`` drains the queue, records the counters and closes the connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from grpo_service import __version__
+from grpo_service.rollout import RolloutTrace
+from grpo_service.tracing.rows import TABLE_COLUMNS, TraceRows, insert_sql, trace_rows
+from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SCHEMA_VERSION, WAL_PRAGMA, migrate_async
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+_MAX_PENDING_DROPS = 10_000  # run ids kept for `dropped_rollouts` (the counter itself is exact)
+
+
+class TraceWriter:
+    """A `TraceSink` that appends rollouts to a SQLite file. ``await start()`` before use."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        queue_size: int = 1_000,
+        max_batch: int = 64,
+        close_timeout_s: float = 30.0,
+    ) -> None:
+        if queue_size < 1 or max_batch < 1:
+            raise ValueError("queue_size and max_batch must be at least 1")
+        self.path = Path(path)
+        self.queue_size = queue_size
+        self.max_batch = max_batch
+        self.close_timeout_s = close_timeout_s
+        self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=queue_size)
+        self._conn: aiosqlite.Connection | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.writer_id: int | None = None
+        self._pending_drops: deque[tuple[str | None, str, float]] = deque(maxlen=_MAX_PENDING_DROPS)
+        self._counts = {"submitted": 0, "written": 0, "dropped": 0, "failed": 0, "batches": 0, "rows": 0}
+        self._max_batch_seen = 0
+        self._write_s = 0.0
+
+    # ------------------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        if self._conn is not None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        try:
+            await conn.execute(WAL_PRAGMA)
+            for pragma in CONNECTION_PRAGMAS:
+                await conn.execute(pragma)
+            await migrate_async(conn)
+            cursor = await conn.execute(
+                "INSERT INTO trace_writers (started_at, pid, hostname, service_version, schema_version) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (time.time(), os.getpid(), socket.gethostname(), __version__, SCHEMA_VERSION),
+            )
+            self.writer_id = cursor.lastrowid
+        except BaseException:
+            await conn.close()
+            raise
+        self._conn = conn
+        self._task = asyncio.create_task(self._run(), name="trace-writer")
+        log.info("tracing rollouts to %s (writer %s)", self.path, self.writer_id)
+
+    async def close(self) -> None:
+        """Write everything queued, record the counters, close the connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        task = self._task
+        if task is not None and not task.done():
+            try:
+                async with asyncio.timeout(self.close_timeout_s):
+                    await self._queue.put(_STOP)
+                    await asyncio.shield(task)
+            except TimeoutError:
+                lost = self._queue.qsize()
+                log.error(
+                    "trace writer did not drain within %.0fs; %d rollouts lost", self.close_timeout_s, lost
+                )
+                self._counts["dropped"] += lost
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._write_bookkeeping(closing=True)
+            await self._conn.close()
+            self._conn = None
+        c = self._counts
+        log.info(
+            "trace writer closed: %d written, %d dropped, %d failed (%s)",
+            c["written"],
+            c["dropped"],
+            c["failed"],
+            self.path,
+        )
+
+    # --------------------------------------------------------------------------------- submit
+
+    def submit(self, trace: RolloutTrace) -> None:
+        """Queue a finished rollout; never blocks. A full (or closed) queue drops and counts it."""
+        self._counts["submitted"] += 1
+        if self._closed:
+            self._drop(trace, "writer_closed")
+            return
+        try:
+            self._queue.put_nowait(trace)
+        except asyncio.QueueFull:
+            self._drop(trace, "queue_full")
+
+    def _drop(self, trace: RolloutTrace, reason: str) -> None:
+        self._counts["dropped"] += 1
+        self._pending_drops.append((trace.response.run_id, reason, time.time()))
+        dropped = self._counts["dropped"]
+        if dropped == 1 or dropped % 100 == 0:
+            log.warning(
+                "trace writer dropped rollout %s (%s); %d dropped so far (queue size %d)",
+                trace.response.run_id,
+                reason,
+                dropped,
+                self.queue_size,
+            )
+
+    def stats(self) -> dict[str, Any]:
+        c = self._counts
+        return {
+            "path": str(self.path),
+            "writer_id": self.writer_id,
+            **c,
+            "queued": self._queue.qsize(),
+            "queue_size": self.queue_size,
+            "max_batch_seen": self._max_batch_seen,
+            "write_s": round(self._write_s, 6),
+        }
+
+    # --------------------------------------------------------------------------------- writer
+
+    async def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            batch: list[RolloutTrace] = []
+            item = await self._queue.get()
+            while True:
+                if item is _STOP:
+                    stopping = True
+                else:
+                    batch.append(item)
+                if stopping or len(batch) >= self.max_batch:
+                    break
+                try:
+                    item = self._queue.get_nowait()
+                except asyncio.QueueEmpty:
+                    break
+            if batch or self._pending_drops:
+                try:
+                    await self._write_batch(batch)
+                except Exception:  # the writer must outlive any one failure
+                    log.exception("trace writer: batch of %d rollouts failed", len(batch))
+
+    async def _write_batch(self, batch: list[RolloutTrace]) -> None:
+        started = time.monotonic()
+        self._max_batch_seen = max(self._max_batch_seen, len(batch))
+        # Encoding is CPU work (milliseconds per long rollout): off the event loop.
+        built, failures = await asyncio.to_thread(self._encode, batch, time.time())
+        for trace, exc in failures:
+            self._fail(trace, exc)
+        merged = TraceRows()
+        for _, rows in built:
+            merged.extend(rows)
+        try:
+            await self._transaction(merged, len(built))
+        except Exception as exc:
+            if len(built) > 1:
+                log.warning("trace writer: batch failed (%s), writing its rollouts one by one", exc)
+                for trace, rows in built:
+                    try:
+                        await self._transaction(rows, 1)
+                    except Exception as one_exc:
+                        log.exception("trace writer: cannot write rollout %s", trace.response.run_id)
+                        self._fail(trace, one_exc)
+            else:
+                log.exception("trace writer: cannot write %s", built[0][0].response.run_id if built else "")
+                for trace, _ in built:
+                    self._fail(trace, exc)
+        self._write_s += time.monotonic() - started
+
+    def _encode(
+        self, batch: list[RolloutTrace], now: float
+    ) -> tuple[list[tuple[RolloutTrace, TraceRows]], list[tuple[RolloutTrace, Exception]]]:
+        built, failures = [], []
+        for trace in batch:
+            try:
+                built.append((trace, trace_rows(trace, uuid.uuid4().hex, self.writer_id, now)))
+            except Exception as exc:
+                log.exception("trace writer: cannot encode rollout %s", trace.response.run_id)
+                failures.append((trace, exc))
+        return built, failures
+
+    def _fail(self, trace: RolloutTrace, exc: BaseException | None) -> None:
+        self._counts["failed"] += 1
+        reason = f"write_error: {type(exc).__name__}: {exc}"[:500] if exc else "write_error"
+        self._pending_drops.append((trace.response.run_id, reason, time.time()))
+
+    async def _transaction(self, rows: TraceRows, rollouts: int) -> None:
+        conn = self._conn
+        assert conn is not None
+        await conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table in TABLE_COLUMNS:  # parents first
+                if rows.tables[table]:
+                    await conn.executemany(insert_sql(table), rows.tables[table])
+            drops = list(self._pending_drops)
+            await self._write_bookkeeping(drops=drops, written=self._counts["written"] + rollouts)
+            await conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await conn.execute("ROLLBACK")
+            raise
+        self._counts["written"] += rollouts
+        for _ in drops:
+            self._pending_drops.popleft()
+        self._counts["batches"] += 1
+        self._counts["rows"] += rows.count()
+
+    async def _write_bookkeeping(
+        self,
+        drops: list[tuple[str | None, str, float]] | None = None,
+        written: int | None = None,
+        closing: bool = False,
+    ) -> None:
+        """Counters (and run ids of dropped rollouts) into the DB, inside the caller's transaction
+        or on their own when closing."""
+        conn = self._conn
+        assert conn is not None
+        if closing:
+            drops = list(self._pending_drops)
+            await conn.execute("BEGIN IMMEDIATE")
+        if drops:
+            await conn.executemany(
+                "INSERT INTO dropped_rollouts (writer_id, run_id, reason, dropped_at) VALUES (?, ?, ?, ?)",
+                [(self.writer_id, run_id, reason, at) for run_id, reason, at in drops],
+            )
+        c = self._counts
+        await conn.execute(
+            "UPDATE trace_writers SET submitted = ?, written = ?, dropped = ?, failed = ?, closed_at = ? "
+            "WHERE id = ?",
+            (
+                c["submitted"],
+                c["written"] if written is None else written,
+                c["dropped"],
+                c["failed"],
+                time.time() if closing else None,
+                self.writer_id,
+            ),
+        )
+        if closing:
+            await conn.execute("COMMIT")
+            self._pending_drops.clear()
