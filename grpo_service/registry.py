@@ -170,7 +170,9 @@ class Table(Generic[H]):
                 code="wrong_instance",
             )
         if tagged:
-            return NotFound(f"unknown {self.what} {key}: terminated, or expired after the idle TTL", code=code)
+            return NotFound(
+                f"unknown {self.what} {key}: terminated, or expired after the idle TTL", code=code
+            )
         return NotFound(f"unknown {self.what} {key!r:.80}", code=code)
 
     def find(self, key: str) -> H | None:

@@ -1,0 +1,478 @@
+"""An OpenAI-compatible fake inference server that answers in vLLM's response shape.
+
+Used by tests, demos and the benchmark. It decides Crafter-style tool calls by sampling
+actions from the first tool's ``actions`` enum, returns per-token logprobs and token ids
+(``return_token_ids``) from a deterministic toy tokenizer, and can inject faults (HTTP
+errors, timeouts, malformed bodies, cut connections, bad tool calls, token ids that do not
+match the logprobs) by probability or by a deterministic script.
+
+    python -m inference.fake_server --port 8001 --latency 0.2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import threading
+import time
+from collections import Counter
+from typing import Any, Literal, Self, get_args
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from starlette.types import Receive, Scope, Send
+
+from inference.server_thread import ServerThread
+from inference.toy_tokenizer import encode, render_chat, stable_hash, token_id, tokenize
+
+FaultKind = Literal[
+    "timeout",
+    "http_429",
+    "http_500",
+    "http_503",
+    "malformed_json",
+    "no_tool_call",
+    "invalid_action",
+    "cut_stream",
+    "token_mismatch",
+]
+FAULT_KINDS: tuple[str, ...] = get_args(FaultKind)
+INVALID_ACTION_NAME = "fly"
+
+_TEXT_REPLIES = (
+    "I should look around before acting.",
+    "Let me think about the best next move.",
+    "Exploring seems wise here.",
+)
+
+
+class FakeConfig(BaseModel):
+    """Behaviour of the fake server; replaceable at run time via ``POST /fake/config``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = "fake-model"
+    strict_model: bool = Field(default=False, description="404 for any model other than `model`.")
+    api_key: str | None = Field(default=None, description="When set, require this bearer token.")
+    seed: int = 0
+    vary_unseeded: bool = Field(
+        default=False,
+        description="Requests without a `seed` and with temperature > 0 differ on each call.",
+    )
+    latency_s: float = Field(default=0.0, ge=0)
+    latency_jitter_s: float = Field(default=0.0, ge=0)
+    actions_per_call: tuple[int, int] = (1, 4)
+    fault_probs: dict[FaultKind, float] = Field(default_factory=dict)
+    fault_script: list[FaultKind | Literal["ok"]] = Field(
+        default_factory=list, description="Faults for successive requests, then `fault_probs`."
+    )
+    supports_token_ids: bool = Field(
+        default=True, description="False: ignore `return_token_ids`, like OpenAI or Groq."
+    )
+    timeout_fault_s: float = Field(default=30.0, gt=0, le=60)
+    retry_after_s: float = Field(default=0.05, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> FakeConfig:
+        lo, hi = self.actions_per_call
+        if not 1 <= lo <= hi:
+            raise ValueError("actions_per_call must be (lo, hi) with 1 <= lo <= hi")
+        if any(not 0 <= p <= 1 for p in self.fault_probs.values()) or sum(self.fault_probs.values()) > 1:
+            raise ValueError("fault_probs must each be in [0, 1] and sum to at most 1")
+        return self
+
+
+class FakeState:
+    """Mutable server state, shared between the server thread and its owner (hence the lock)."""
+
+    def __init__(self, config: FakeConfig) -> None:
+        self._lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.set_config(config)
+        self.reset_stats()
+
+    def set_config(self, config: FakeConfig) -> None:
+        with self._lock:
+            self.config = config
+            self._script_pos = 0
+            self._fault_rng = random.Random(stable_hash("faults", config.seed))
+
+    def reset_stats(self) -> None:
+        with self._lock:
+            self.requests = 0
+            self.by_fault: Counter[str] = Counter()
+            self.by_route: Counter[str] = Counter()
+
+    def next_fault(self) -> str:
+        """The fault for the next valid chat request (``"ok"`` for none)."""
+        with self._lock:
+            cfg = self.config
+            if self._script_pos < len(cfg.fault_script):
+                fault = cfg.fault_script[self._script_pos]
+                self._script_pos += 1
+            else:
+                fault, draw, acc = "ok", self._fault_rng.random(), 0.0
+                for kind, prob in cfg.fault_probs.items():
+                    acc += prob
+                    if draw < acc:
+                        fault = kind
+                        break
+            self.by_fault[fault] += 1
+            return fault
+
+    def count_route(self, route: str) -> int:
+        """Count a request; returns the number of chat requests so far (invalid ones included)."""
+        with self._lock:
+            self.by_route[route] += 1
+            if route == "chat":
+                self.requests += 1
+            return self.requests
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "requests": self.requests,
+                "by_fault": dict(self.by_fault),
+                "by_route": dict(self.by_route),
+            }
+
+
+# --------------------------------------------------------------------------------------------
+# Building a vLLM-shaped completion
+# --------------------------------------------------------------------------------------------
+
+
+def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def _actions_schema(tool: dict[str, Any]) -> tuple[list[str], int | None]:
+    params = tool.get("function", {}).get("parameters", {})
+    actions = params.get("properties", {}).get("actions", {}) if isinstance(params, dict) else {}
+    enum = actions.get("items", {}).get("enum", []) if isinstance(actions, dict) else []
+    return [a for a in enum if isinstance(a, str)], actions.get("maxItems") if isinstance(
+        actions, dict
+    ) else None
+
+
+def _pick_tool(tools: list[dict[str, Any]], tool_choice: Any) -> dict[str, Any]:
+    if isinstance(tool_choice, dict):
+        wanted = tool_choice.get("function", {}).get("name")
+        for tool in tools:
+            if tool.get("function", {}).get("name") == wanted:
+                return tool
+    return tools[0]
+
+
+def _tool_arguments(tool: dict[str, Any], cfg: FakeConfig, rng: random.Random, invalid: bool) -> dict:
+    enum, max_items = _actions_schema(tool)
+    if not enum:
+        return {}
+    lo, hi = cfg.actions_per_call
+    if isinstance(max_items, int) and max_items >= 1:
+        hi = min(hi, max_items)
+        lo = min(lo, hi)
+    actions = [rng.choice(enum) for _ in range(rng.randint(lo, hi))]
+    if invalid:
+        actions[rng.randrange(len(actions))] = INVALID_ACTION_NAME
+    return {"actions": actions}
+
+
+def _logprob_entries(tokens: list[str], logprobs: list[float], top_k: int) -> list[dict[str, Any]]:
+    entries = []
+    for tok, lp in zip(tokens, logprobs, strict=True):
+        top = [{"token": tok, "logprob": lp, "bytes": list(tok.encode())}]
+        top += [
+            {"token": f"<alt{j}>", "logprob": round(lp - 1.0 - j, 6), "bytes": list(f"<alt{j}>".encode())}
+            for j in range(max(0, top_k - 1))
+        ]
+        entries.append(
+            {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": top[:top_k]}
+        )
+    return entries
+
+
+def _choice(
+    index: int, body: dict[str, Any], cfg: FakeConfig, fault: str, base_seed: int
+) -> tuple[dict[str, Any], int]:
+    rng = random.Random(stable_hash(base_seed, index))
+    tools = body.get("tools") or []
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = []
+    if tools and body.get("tool_choice") != "none" and fault != "no_tool_call":
+        tool = _pick_tool(tools, body.get("tool_choice"))
+        name = tool.get("function", {}).get("name", "tool")
+        arguments = json.dumps(_tool_arguments(tool, cfg, rng, invalid=fault == "invalid_action"))
+        text = f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
+        call_id = f"chatcmpl-tool-{rng.getrandbits(64):016x}"
+        tool_calls = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
+        finish = "tool_calls"
+    else:
+        text = content = rng.choice(_TEXT_REPLIES)
+        finish = "stop"
+
+    tokens = tokenize(text)
+    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+    if isinstance(max_tokens, int) and len(tokens) > max_tokens:
+        tokens = tokens[:max_tokens]
+        content, tool_calls, finish = " ".join(tokens), [], "length"
+    ids = [token_id(t) for t in tokens]
+    logprobs = [-round(rng.expovariate(3.0) + 1e-4, 6) for _ in tokens]
+
+    choice: dict[str, Any] = {
+        "index": index,
+        "message": {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": tool_calls,
+            "reasoning_content": None,
+        },
+        "logprobs": None,
+        "finish_reason": finish,
+        "stop_reason": None,
+    }
+    if body.get("logprobs"):
+        top_k = int(body.get("top_logprobs") or 0)
+        choice["logprobs"] = {"content": _logprob_entries(tokens, logprobs, top_k)}
+    if body.get("return_token_ids") and cfg.supports_token_ids:
+        choice["token_ids"] = ids + [token_id("<extra>")] if fault == "token_mismatch" else ids
+    return choice, len(ids)
+
+
+def build_completion(
+    body: dict[str, Any], cfg: FakeConfig, fault: str, request_number: int
+) -> dict[str, Any]:
+    """The vLLM-shaped response to a chat request (``fault`` may alter the decision)."""
+    messages = body["messages"]
+    tools = body.get("tools") or None
+    prompt_ids = encode(render_chat(messages, tools))
+    temperature = body.get("temperature")
+    varies = cfg.vary_unseeded and body.get("seed") is None and (temperature is None or temperature > 0)
+    base_seed = stable_hash(
+        cfg.seed, messages, tools, body.get("tool_choice"), body.get("seed"), request_number if varies else 0
+    )
+    n = int(body.get("n") or 1)
+    choices, completion_tokens = [], 0
+    for i in range(n):
+        choice, used = _choice(i, body, cfg, fault, base_seed)
+        choices.append(choice)
+        completion_tokens += used
+    response: dict[str, Any] = {
+        "id": f"chatcmpl-{stable_hash(base_seed, 'id', request_number):016x}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model") or cfg.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        },
+        "prompt_logprobs": None,
+    }
+    if body.get("return_token_ids") and cfg.supports_token_ids:
+        response["prompt_token_ids"] = prompt_ids
+    return response
+
+
+def _validate_body(body: Any, cfg: FakeConfig) -> JSONResponse | None:
+    if not isinstance(body, dict):
+        return JSONResponse(_error_body("body must be a JSON object", "BadRequestError", 400), 400)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        return JSONResponse(_error_body("messages must be a non-empty list", "BadRequestError", 400), 400)
+    n = body.get("n", 1)
+    if n is not None and (not isinstance(n, int) or not 1 <= n <= 128):
+        return JSONResponse(_error_body("n must be an integer in 1..128", "BadRequestError", 400), 400)
+    for key in ("max_tokens", "max_completion_tokens"):
+        value = body.get(key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            return JSONResponse(_error_body(f"{key} must be a positive integer", "BadRequestError", 400), 400)
+    if cfg.strict_model and body.get("model") != cfg.model:
+        msg = f"The model `{body.get('model')}` does not exist."
+        return JSONResponse(_error_body(msg, "NotFoundError", 404), 404)
+    return None
+
+
+class _CutStreamResponse(Response):
+    """Promises a longer body than it sends, then returns: uvicorn closes the connection mid-body."""
+
+    def __init__(self, body: bytes) -> None:
+        super().__init__()
+        self._partial = body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(self._partial) * 4).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self._partial, "more_body": True})
+
+
+async def _hang(request: Request, state: FakeState, seconds: float) -> None:
+    """Sleep like a stuck server, but give up when the client leaves or the server stops."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not state.stopping.is_set():
+        if await request.is_disconnected():
+            return
+        await asyncio.sleep(0.05)
+
+
+# --------------------------------------------------------------------------------------------
+# The app
+# --------------------------------------------------------------------------------------------
+
+
+def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
+    state = FakeState(config or FakeConfig())
+    app = FastAPI(title="fake vLLM (OpenAI-compatible)")
+    app.state.fake = state
+
+    def _unauthorized(request: Request) -> JSONResponse | None:
+        key = state.config.api_key
+        given = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if key is None or given == key:
+            return None
+        # Like OpenAI, echo a prefix of the key that was sent (clients must redact it).
+        message = f"Incorrect API key provided: {given[:12]}****. Check your key."
+        return JSONResponse(_error_body(message, "AuthenticationError", 401), 401)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        number = state.count_route("chat")
+        if denied := _unauthorized(request):
+            return denied
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse(_error_body("body is not valid JSON", "BadRequestError", 400), 400)
+        cfg = state.config
+        if invalid := _validate_body(body, cfg):
+            return invalid
+        fault = state.next_fault()
+
+        delay = cfg.latency_s + (random.uniform(0, cfg.latency_jitter_s) if cfg.latency_jitter_s else 0.0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+        if fault == "timeout":
+            await _hang(request, state, cfg.timeout_fault_s)
+            return JSONResponse(_error_body("gave up", "Timeout", 504), 504)
+        if fault == "http_429":
+            headers = {"Retry-After": f"{cfg.retry_after_s:g}"}
+            return JSONResponse(_error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
+        if fault in ("http_500", "http_503"):
+            code = int(fault[-3:])
+            return JSONResponse(_error_body(f"injected {code}", "InternalServerError", code), code)
+
+        completion = build_completion(body, cfg, fault, number)
+        if fault == "malformed_json":
+            return Response(json.dumps(completion)[:-7], media_type="application/json")
+        if fault == "cut_stream":
+            return _CutStreamResponse(json.dumps(completion).encode()[:64])
+        return JSONResponse(completion)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        state.count_route("models")
+        card = {"id": state.config.model, "object": "model", "created": 0, "owned_by": "fake"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/fake/config")
+    async def set_config(request: Request) -> Response:
+        """Merge the given fields into the config (the fault script restarts)."""
+        try:
+            patch = await request.json()
+            new = FakeConfig.model_validate({**state.config.model_dump(), **patch})
+        except (ValueError, TypeError) as exc:
+            return JSONResponse({"detail": str(exc)}, 422)
+        state.set_config(new)
+        return JSONResponse(new.model_dump(mode="json", exclude={"api_key"}))
+
+    @app.get("/fake/stats")
+    async def stats() -> dict[str, Any]:
+        return state.stats()
+
+    @app.post("/fake/stats/reset")
+    async def reset_stats() -> dict[str, Any]:
+        state.reset_stats()
+        return state.stats()
+
+    return app
+
+
+# --------------------------------------------------------------------------------------------
+# Running it in a background thread (tests, benchmark)
+# --------------------------------------------------------------------------------------------
+
+
+class FakeInferenceServer(ServerThread):
+    """Runs the fake on 127.0.0.1 (a free port by default) in a background thread.
+
+    Use ``with FakeInferenceServer(cfg) as server:`` or ``async with``; ``server.base_url``
+    is ``http://127.0.0.1:PORT`` and ``server.state`` gives direct access to config/stats.
+    """
+
+    def __init__(self, config: FakeConfig | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
+        super().__init__(create_fake_app(config), host=host, port=port, lifespan="off", name="fake-inference")
+        self.state: FakeState = self.app.state.fake
+
+    def set_config(self, config: FakeConfig) -> None:
+        self.state.set_config(config)
+
+    def stats(self) -> dict[str, Any]:
+        return self.state.stats()
+
+    def start(self, timeout_s: float = 15.0) -> Self:
+        self.state.stopping.clear()
+        return super().start(timeout_s)
+
+    def on_stop(self) -> None:
+        self.state.stopping.set()  # releases requests hanging in a `timeout` fault
+
+
+def _parse_fault_prob(text: str) -> tuple[str, float]:
+    kind, _, prob = text.partition("=")
+    if kind not in FAULT_KINDS:
+        raise argparse.ArgumentTypeError(f"unknown fault {kind!r}; choose from {', '.join(FAULT_KINDS)}")
+    return kind, float(prob)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Fake OpenAI-compatible server in vLLM's response shape.")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every request")
+    parser.add_argument("--jitter", type=float, default=0.0, help="extra uniform random latency, seconds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="fake-model")
+    parser.add_argument("--actions", type=int, nargs=2, default=(1, 4), metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--fault",
+        type=_parse_fault_prob,
+        action="append",
+        default=[],
+        metavar="KIND=PROB",
+        help=f"inject a fault with a probability; kinds: {', '.join(FAULT_KINDS)}",
+    )
+    args = parser.parse_args(argv)
+    config = FakeConfig(
+        model=args.model,
+        seed=args.seed,
+        latency_s=args.latency,
+        latency_jitter_s=args.jitter,
+        actions_per_call=tuple(args.actions),
+        fault_probs=dict(args.fault),
+    )
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.run(create_fake_app(config), host=args.host, port=args.port, log_level="info")
+
+
+if __name__ == "__main__":
+    main()

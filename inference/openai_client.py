@@ -1,0 +1,366 @@
+"""One async chat-completion client over the ``openai`` package, with our own bounded retries.
+
+The ``openai`` client's retries are off (``max_retries=0``): we retry only 429 (honouring
+``Retry-After``), 5xx, connection errors and timeouts, with exponential backoff and jitter,
+and every call has an overall deadline. Token ids and logprobs are taken from the response
+exactly as the server returned them (vLLM: ``prompt_token_ids`` top-level,
+``choices[i].token_ids``), never re-tokenized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import hashlib
+import json
+import os
+import random
+import time
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import httpx2
+import openai
+import pydantic
+from openai.types.chat import ChatCompletion
+from pydantic import SecretStr
+
+from envs.base import LLMCall
+from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchError
+
+# Generous: a hidden per-client connection cap silently serializes concurrent rollouts.
+HTTP_LIMITS = httpx2.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=30.0)
+_MAX_DETAIL_CHARS = 500
+
+
+def normalize_base_url(url: str) -> str:
+    """``http://vllm:8001`` → ``http://vllm:8001/v1``; a full endpoint URL is cut back to ``/v1``."""
+    url = url.strip().rstrip("/")
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"inference URL must start with http:// or https://, got {url!r}")
+    for suffix in ("/chat/completions", "/completions"):
+        if url.endswith(suffix):
+            url = url[: -len(suffix)]
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def resolve_api_key(explicit: str | SecretStr | None = None) -> str:
+    """Explicit key, else ``INFERENCE_API_KEY``, else ``OPENAI_API_KEY``, else ``"EMPTY"`` (vLLM)."""
+    if isinstance(explicit, SecretStr):
+        explicit = explicit.get_secret_value()
+    return explicit or os.environ.get("INFERENCE_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
+
+
+def redact(text: str, secret: str | None) -> str:
+    """Remove ``secret`` and any 8+ character piece of it (servers echo key prefixes)."""
+    if not secret or secret == "EMPTY" or len(secret) < 4:
+        return text
+    text = text.replace(secret, "***")
+    window = 8
+    for i in range(max(0, len(secret) - window + 1)):
+        piece = secret[i : i + window]
+        if piece in text:
+            text = text.replace(piece, "***")
+    return text
+
+
+def _parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
+    if not headers:
+        return None
+    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
+        value = headers.get(name)
+        if value is None:
+            continue
+        try:
+            return max(0.0, float(value) / divisor)
+        except ValueError:
+            parsed = email.utils.parsedate_to_datetime(value) if name == "retry-after" else None
+            if parsed is not None:
+                return max(0.0, parsed.timestamp() - time.time())
+    return None
+
+
+def _status_error(exc: openai.APIStatusError) -> tuple[InferenceErrorKind, float | None]:
+    status = exc.status_code
+    if status == 429:
+        return "rate_limited", _parse_retry_after(exc.response.headers)
+    if status >= 500:
+        return "server_error", None
+    if status in (401, 403):
+        return "auth_error", None
+    if status == 408:
+        return "timeout", None
+    return "bad_request", None
+
+
+def _classify(exc: BaseException) -> InferenceError | None:
+    """Map an exception from one attempt to an InferenceError (None: not ours to handle)."""
+    if isinstance(exc, (TimeoutError, openai.APITimeoutError)):
+        return InferenceError("timeout", "request timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        cause = exc.__cause__
+        detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
+        return InferenceError("connection_error", detail)
+    if isinstance(exc, openai.APIStatusError):
+        kind, retry_after = _status_error(exc)
+        return InferenceError(kind, exc.message, status_code=exc.status_code, retry_after_s=retry_after)
+    if isinstance(exc, (openai.APIResponseValidationError, json.JSONDecodeError, pydantic.ValidationError)):
+        return InferenceError("malformed_response", f"{type(exc).__name__}: {exc}")
+    return None
+
+
+def _int_list(value: Any, what: str) -> list[int] | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise InferenceError("malformed_response", f"{what} is not a list of integers")
+    return value
+
+
+def choice_tokens(response: dict[str, Any], index: int = 0) -> tuple[list[int] | None, list[float] | None]:
+    """Completion token ids and per-token logprobs of one choice, exactly as returned.
+
+    Raises TokenMismatchError when both are present with different lengths.
+    """
+    choice = response["choices"][index]
+    ids = _int_list(choice.get("token_ids"), f"choices[{index}].token_ids")
+    logprobs: list[float] | None = None
+    content = (choice.get("logprobs") or {}).get("content")
+    if content is not None:
+        try:
+            logprobs = [float(entry["logprob"]) for entry in content]
+        except (KeyError, TypeError, ValueError):
+            raise InferenceError(
+                "malformed_response", f"choices[{index}].logprobs.content is malformed"
+            ) from None
+    if ids is not None and logprobs is not None and len(ids) != len(logprobs):
+        raise TokenMismatchError(
+            f"choices[{index}]: {len(ids)} token ids but {len(logprobs)} logprobs; "
+            "refusing to guess an alignment"
+        )
+    return ids, logprobs
+
+
+def per_choice_calls(call: LLMCall) -> list[LLMCall]:
+    """Split a call made with ``n > 1`` into one LLMCall per choice (same request and prompt ids)."""
+    if call.response is None:
+        return [call]
+    calls = []
+    for i, choice in enumerate(call.response.get("choices", [])):
+        ids, logprobs = choice_tokens(call.response, i)
+        calls.append(
+            LLMCall(
+                request=call.request,
+                response=call.response,
+                latency_ms=call.latency_ms,
+                attempts=call.attempts,
+                usage=call.usage,
+                model=call.model,
+                finish_reason=choice.get("finish_reason"),
+                prompt_token_ids=call.prompt_token_ids,
+                completion_token_ids=ids,
+                completion_logprobs=logprobs,
+            )
+        )
+    return calls
+
+
+class InferenceClient:
+    """Chat completions against one OpenAI-compatible server (vLLM, OpenAI, Groq, the fake)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | SecretStr | None = None,
+        *,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        http_client: httpx2.AsyncClient | None = None,
+    ) -> None:
+        if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0 or backoff_max_s < 0:
+            raise ValueError("timeout_s must be > 0; retries and backoffs must be >= 0")
+        self.base_url = normalize_base_url(base_url)
+        self.timeout_s = timeout_s
+        self.max_retries = max_retries
+        self.backoff_base_s = backoff_base_s
+        self.backoff_max_s = backoff_max_s
+        self._api_key = resolve_api_key(api_key)
+        self._owns_http = http_client is None
+        self._http = http_client or openai.DefaultAsyncHttpx2Client(
+            limits=HTTP_LIMITS, timeout=httpx2.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        )
+        self._openai = openai.AsyncOpenAI(
+            base_url=self.base_url,
+            api_key=self._api_key,
+            max_retries=0,
+            timeout=timeout_s,
+            http_client=self._http,
+        )
+        self._jitter = random.Random()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"InferenceClient(base_url={self.base_url!r}, timeout_s={self.timeout_s}, "
+            f"max_retries={self.max_retries})"
+        )
+
+    def backoff_s(self, failures: int, retry_after_s: float | None = None) -> float:
+        """Delay before the retry that follows the ``failures``-th failed attempt."""
+        if retry_after_s is not None:
+            return min(retry_after_s, self.backoff_max_s) * (1.0 + 0.1 * self._jitter.random())
+        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2 ** (failures - 1))
+        return ceiling / 2 + self._jitter.uniform(0, ceiling / 2)
+
+    def prepare_request(self, request: dict[str, Any], *, return_token_ids: bool = False) -> dict[str, Any]:
+        """The request as it will be sent (logprobs + ``return_token_ids`` merged into extra_body)."""
+        body = dict(request)
+        if return_token_ids:
+            body["logprobs"] = True
+            body["extra_body"] = {**(body.get("extra_body") or {}), "return_token_ids": True}
+        return body
+
+    async def chat(
+        self,
+        request: dict[str, Any],
+        *,
+        return_token_ids: bool = False,
+        deadline_s: float | None = None,
+    ) -> LLMCall:
+        """Send ``chat.completions.create(**request)`` with bounded retries; raise InferenceError."""
+        body = self.prepare_request(request, return_token_ids=return_token_ids)
+        started = time.monotonic()
+        deadline = started + deadline_s if deadline_s is not None else None
+        attempts = 0
+        while True:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise InferenceError("timeout", f"deadline of {deadline_s:g}s reached", max(attempts, 1))
+            attempts += 1
+            attempt_timeout = self.timeout_s if remaining is None else min(self.timeout_s, remaining)
+            try:
+                async with asyncio.timeout(attempt_timeout):
+                    raw = await self._openai.chat.completions.create(**body, timeout=attempt_timeout)
+                return self._to_call(body, raw, started, attempts)
+            except InferenceError as exc:
+                exc.attempts = attempts
+                exc.detail = redact(exc.detail, self._api_key)
+                raise
+            except Exception as exc:
+                error = _classify(exc)
+                if error is None:
+                    raise
+                if error.kind == "timeout" and error.status_code is None:
+                    error.detail = f"no response within {attempt_timeout:.3g}s"
+            error.attempts = attempts
+            error.detail = redact(error.detail, self._api_key)[:_MAX_DETAIL_CHARS]
+            if not error.retryable or attempts > self.max_retries:
+                raise error
+            delay = self.backoff_s(attempts, error.retry_after_s)
+            if deadline is not None and time.monotonic() + delay >= deadline:
+                error.detail += f" (no time left for a retry within the {deadline_s:g}s deadline)"
+                raise error
+            await asyncio.sleep(delay)
+
+    def _to_call(self, body: dict[str, Any], raw: Any, started: float, attempts: int) -> LLMCall:
+        if not isinstance(raw, ChatCompletion):
+            raise InferenceError(
+                "malformed_response", f"expected a chat completion, got {type(raw).__name__}"
+            )
+        if not raw.choices:
+            raise InferenceError("malformed_response", "the response has no choices")
+        response = raw.model_dump(mode="json")
+        prompt_ids = _int_list(response.get("prompt_token_ids"), "prompt_token_ids")
+        completion_ids, logprobs = choice_tokens(response, 0)
+        return LLMCall(
+            request=body,
+            response=response,
+            latency_ms=(time.monotonic() - started) * 1000.0,
+            attempts=attempts,
+            usage=response.get("usage"),
+            model=raw.model,
+            finish_reason=raw.choices[0].finish_reason,
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            completion_logprobs=logprobs,
+        )
+
+    async def list_models(self) -> list[str]:
+        try:
+            page = await self._openai.models.list()
+        except Exception as exc:
+            error = _classify(exc)
+            if error is None:
+                raise
+            error.detail = redact(error.detail, self._api_key)
+            raise error from None
+        return [m.id for m in page.data]
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._openai.close()
+        if self._owns_http:
+            await self._http.aclose()
+
+
+def _key_fingerprint(api_key: str) -> str:
+    return hashlib.sha256(api_key.encode()).hexdigest()[:16]
+
+
+class ClientPool:
+    """One InferenceClient per (base URL, API key, timeout, retries), so connections are reused.
+
+    Clients hold connection pools bound to the event loop that first uses them: use one
+    pool per loop (``shared_pool()`` does that).
+    """
+
+    def __init__(self, *, backoff_base_s: float = 0.5, backoff_max_s: float = 8.0) -> None:
+        self._clients: dict[tuple[str, str, float, int], InferenceClient] = {}
+        self._backoff = (backoff_base_s, backoff_max_s)
+
+    def get(
+        self,
+        base_url: str,
+        api_key: str | SecretStr | None = None,
+        *,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+    ) -> InferenceClient:
+        key_value = resolve_api_key(api_key)
+        key = (normalize_base_url(base_url), _key_fingerprint(key_value), float(timeout_s), max_retries)
+        client = self._clients.get(key)
+        if client is None:
+            client = InferenceClient(
+                base_url,
+                key_value,
+                timeout_s=timeout_s,
+                max_retries=max_retries,
+                backoff_base_s=self._backoff[0],
+                backoff_max_s=self._backoff[1],
+            )
+            self._clients[key] = client
+        return client
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+    async def aclose(self) -> None:
+        clients, self._clients = list(self._clients.values()), {}
+        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
+
+
+_POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ClientPool] = weakref.WeakKeyDictionary()
+
+
+def shared_pool() -> ClientPool:
+    """The ClientPool of the running event loop (created on first use)."""
+    loop = asyncio.get_running_loop()
+    pool = _POOLS.get(loop)
+    if pool is None:
+        pool = _POOLS[loop] = ClientPool()
+    return pool

@@ -1,0 +1,53 @@
+"""A deterministic toy tokenizer for the fake inference server.
+
+Text is split into words and single punctuation marks; a token's id is a stable hash
+(BLAKE2b, not Python's salted ``hash``) modulo ``VOCAB_SIZE``, so ids are the same in
+every process and run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from typing import Any
+
+VOCAB_SIZE = 50_000
+_TOKEN_RE = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+
+
+def stable_hash(*parts: Any) -> int:
+    """A 64-bit hash of ``parts`` that is identical across processes."""
+    data = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big")
+
+
+def tokenize(text: str) -> list[str]:
+    return _TOKEN_RE.findall(text)
+
+
+def token_id(token: str) -> int:
+    digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % VOCAB_SIZE
+
+
+def encode(text: str) -> list[int]:
+    return [token_id(t) for t in tokenize(text)]
+
+
+def render_chat(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    """A ChatML-like rendering of a conversation, ending with the assistant turn's opening."""
+    parts: list[str] = []
+    if tools:
+        parts.append("<|im_start|>tools\n" + json.dumps(tools, sort_keys=True) + "<|im_end|>\n")
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, str):
+            content = json.dumps(content, sort_keys=True) if content is not None else ""
+        calls = message.get("tool_calls")
+        if calls:
+            content += json.dumps(calls, sort_keys=True)
+        parts.append(f"<|im_start|>{message.get('role', 'user')}\n{content}<|im_end|>\n")
+    parts.append("<|im_start|>assistant\n")
+    return "".join(parts)
