@@ -152,9 +152,7 @@ class Table(Generic[H]):
         try:
             item = self._items[key]
         except (KeyError, TypeError):
-            raise NotFound(
-                f"unknown {self.what} {key!r:.80}", code=f"{self.what.replace(' ', '_')}_not_found"
-            ) from None
+            raise self._missing(key) from None
         if isinstance(item, Handle):
             item.touch()
         return item

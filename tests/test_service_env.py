@@ -123,3 +123,14 @@ def test_info_and_health(client: httpx.Client) -> None:
     assert health["status"] == "healthy" and health["envs"] >= 0
     assert "docs" in info["service"]["endpoints"]
     assert client.get("/openapi.json").status_code == 200
+
+
+def test_ids_from_another_replica_get_421(client: httpx.Client) -> None:
+    env_id = create(client)["env_id"]
+    instance, _, rest = env_id.partition("-")
+    foreign = ("0" if instance[0] != "0" else "1") + instance[1:] + "-" + rest
+    r = client.post("/env/step", json={"env_id": foreign, "action": "noop"})
+    assert r.status_code == 421 and r.json()["code"] == "wrong_instance" and instance in r.json()["detail"]
+    client.post("/env/terminate", json={"env_id": env_id})
+    r = client.post("/env/step", json={"env_id": env_id, "action": "noop"})
+    assert r.status_code == 404 and "terminated, or expired" in r.json()["detail"]
