@@ -35,9 +35,23 @@ app.command("traces")(traces_command)
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:
-    """Register ``module.attr`` as subcommand ``name`` if that module exists (import errors surface)."""
-    if importlib.util.find_spec(module) is not None:
-        app.command(name)(getattr(importlib.import_module(module), attr))
+    """Register ``module.attr`` as subcommand ``name`` when that module exists and no command of
+    that name is registered yet. A module that fails to import (or lacks ``attr``) shows up as a
+    command that reports why, so a half-written plug-in never breaks the other subcommands."""
+    if any(c.name == name for c in app.registered_commands) or importlib.util.find_spec(module) is None:
+        return
+    try:
+        command = getattr(importlib.import_module(module), attr)
+    except Exception as exc:
+        reason = f"{module}.{attr}: {type(exc).__name__}: {exc}"
+
+        def unavailable() -> None:
+            typer.echo(f"{name} is unavailable ({reason})", err=True)
+            raise typer.Exit(1)
+
+        app.command(name, help=f"Unavailable: {reason}")(unavailable)
+        return
+    app.command(name)(command)
 
 
 _register_optional("bench", "grpo_service.bench", "bench_main")

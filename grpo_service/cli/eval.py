@@ -16,6 +16,7 @@ from rich.table import Table
 
 from grpo_service.cli.http import ServiceCallError
 from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, crafter_achievements, run_eval
+from grpo_service.tracing.codec import redact
 
 console = Console()
 
@@ -118,7 +119,7 @@ def eval_command(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         report = {
             "summary": summary,
-            "config": config.model_dump(exclude={"api_key", "inference_api_key"}),
+            "config": redact(config.model_dump()),
             "episodes": [r.model_dump() for r in results],
         }
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -222,6 +222,8 @@ def _pending(current: int, migrations: tuple[Migration, ...]) -> list[Migration]
 
 def migrate_sync(conn: sqlite3.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
     """Bring a DB (opened with ``isolation_level=None``) up to date; return its version."""
+    if not _pending(_version_sync(conn), migrations):
+        return _version_sync(conn)  # up to date: no write lock taken
     for migration in migrations:
         conn.execute("BEGIN IMMEDIATE")  # re-read the version under the write lock
         try:
@@ -241,6 +243,8 @@ def migrate_sync(conn: sqlite3.Connection, migrations: tuple[Migration, ...] = M
 
 async def migrate_async(conn: aiosqlite.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
     """`migrate_sync` for an aiosqlite connection (``isolation_level=None``)."""
+    if not _pending(await _version_async(conn), migrations):
+        return await _version_async(conn)
     for migration in migrations:
         await conn.execute("BEGIN IMMEDIATE")
         try:

@@ -110,14 +110,11 @@ class TraceWriter:
                     await self._queue.put(_STOP)
                     await asyncio.shield(task)
             except TimeoutError:
-                lost = self._queue.qsize()
-                log.error(
-                    "trace writer did not drain within %.0fs; %d rollouts lost", self.close_timeout_s, lost
-                )
-                self._counts["dropped"] += lost
+                log.error("trace writer did not drain within %.0fs", self.close_timeout_s)
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        self._drop_queued("close_timeout" if task is not None else "writer_not_started")
         if self._conn is not None:
             with contextlib.suppress(Exception):
                 await self._write_bookkeeping(closing=True)
@@ -144,6 +141,15 @@ class TraceWriter:
             self._queue.put_nowait(trace)
         except asyncio.QueueFull:
             self._drop(trace, "queue_full")
+
+    def _drop_queued(self, reason: str) -> None:
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            if item is not _STOP:
+                self._drop(item, reason)
 
     def _drop(self, trace: RolloutTrace, reason: str) -> None:
         self._counts["dropped"] += 1

@@ -1,0 +1,233 @@
+"""The trace DB: schema and migrations, the writer (batching, drops, failures, flush), the reader."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from pathlib import Path
+
+import pytest
+
+from grpo_service.tracing import SCHEMA_VERSION, SchemaTooNew, TraceReader, TraceWriter
+from grpo_service.tracing import rows as rows_module
+from grpo_service.tracing.codec import join_message, split_message
+from grpo_service.tracing.schema import MIGRATIONS, migrate_sync
+from grpo_service.tracing.synthetic import SYSTEM_PROMPT, synthetic_trace
+
+
+async def write(path: Path, traces: list, **kwargs: object) -> TraceWriter:
+    writer = TraceWriter(path, **kwargs)  # type: ignore[arg-type]
+    await writer.start()
+    for trace in traces:
+        writer.submit(trace)
+    await writer.close()
+    return writer
+
+
+def session_of(reader: TraceReader, run_id: str) -> str:
+    (session_id,) = reader.session_ids(run_id)
+    return session_id
+
+
+async def test_db_trace_equals_the_returned_trace_dict(tmp_path: Path) -> None:
+    trace = synthetic_trace("r1", turns=6, unlocks={2: ["collect_wood"], 4: ["place_table", "eat_cow"]})
+    await write(tmp_path / "t.db", [trace])
+    with TraceReader(tmp_path / "t.db") as reader:
+        from_db = reader.trace_dict(session_of(reader, "r1"))
+    assert from_db == json.loads(json.dumps(trace.to_dict()))
+    assert from_db["turns"][4]["achievements_unlocked"] == ["place_table", "eat_cow"]
+
+
+async def test_session_columns_tokens_rewards_and_no_secrets(tmp_path: Path) -> None:
+    trace = synthetic_trace(
+        "r2", turns=5, seed=7, unlocks={1: ["collect_wood"]}, rewards={3: -0.1}, group_id="g", group_index=3
+    )
+    await write(tmp_path / "t.db", [trace])
+    with TraceReader(tmp_path / "t.db") as reader:
+        sid = session_of(reader, "r2")
+        s = reader.session(sid)
+        assert (s["group_id"], s["group_index"], s["seed"], s["env_name"]) == ("g", 3, 7, "crafter")
+        assert (s["policy_name"], s["model"], s["status"], s["stop_reason"]) == (
+            "crafter-react",
+            "fake-qwen3",
+            "completed",
+            "completed",
+        )
+        assert s["sampling"] == {"temperature": 0.7, "top_p": 1.0, "max_tokens": 512}
+        assert s["achievements"] == ["collect_wood"] and s["achievements_count"] == 1
+        assert s["total_reward"] == pytest.approx(0.9) and s["num_turns"] == 5
+        turns = reader.turns(sid)
+        llm = turns[2]["llm"]
+        assert llm["completion_token_ids"] == trace.decisions[2].decision.llm_call.completion_token_ids
+        assert len(llm["completion_logprobs"]) == len(llm["completion_token_ids"])
+        assert llm["latency_ms"] == 14.5 and llm["usage"]["prompt_tokens"] == 380
+        assert turns[2]["completion"]["tool_calls"][0]["function"]["name"] == "interact_many"
+        assert turns[1]["env"]["achievements_unlocked"] == ["collect_wood"]
+        rewards = reader.rewards(sid)
+        step = [(r["turn"], r["kind"], r["value"]) for r in rewards if r["scope"] == "step"]
+        assert (1, "achievements", 1.0) in step and (3, "env", -0.1) in step
+        assert len([r for r in step if r[1] == "env"]) == 5
+        outcome = {(r["scope"], r["kind"]): r["value"] for r in rewards if r["scope"] != "step"}
+        assert outcome[("session", "return")] == pytest.approx(0.9)
+        assert outcome[("episode", "achievements")] == 1.0
+    raw = (tmp_path / "t.db").read_bytes()  # closed: the WAL was checkpointed into the file
+    assert b"sk-do-not-store" not in raw
+
+
+async def test_repeated_messages_are_stored_once_per_session(tmp_path: Path) -> None:
+    await write(tmp_path / "t.db", [synthetic_trace("r", turns=10)])
+    with TraceReader(tmp_path / "t.db") as reader:
+        sid = session_of(reader, "r")
+        messages = reader.messages(sid)
+        turns = reader.turns(sid)
+    assert sum(m["content"] == SYSTEM_PROMPT for m in messages.values()) == 1
+    shown = sum(len(t["prompt"]) + 1 for t in turns)
+    assert len(messages) < shown / 2
+    # Every turn's prompt is rebuilt exactly: system, up to 4 past turns of 3 messages, observation.
+    assert [len(t["prompt"]) for t in turns] == [2, 5, 8, 11, 14, 14, 14, 14, 14, 14]
+
+
+def test_message_split_join_round_trip() -> None:
+    cases = [
+        {"role": "system", "content": "s"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "a", "type": "function"}]},
+        {"role": "assistant", "tool_calls": []},
+        {"role": "tool", "tool_call_id": "a", "content": "ok", "name": None},
+        {"role": "user", "content": [{"type": "text", "text": "hi"}], "weird": {"x": 1}},
+    ]
+    for message in cases:
+        assert join_message(*split_message(message)) == message
+
+
+async def test_old_schema_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path, isolation_level=None)
+    assert migrate_sync(conn, MIGRATIONS[:1]) == 1  # a DB written by the first release
+    conn.close()
+    await write(path, [synthetic_trace("before", turns=2)])
+    with TraceReader(path) as reader:
+        assert reader.version() == SCHEMA_VERSION
+        assert reader.session_ids("before")
+        assert reader.conn.execute("SELECT COUNT(*) FROM session_summary").fetchone()[0] == 1
+        versions = [r[0] for r in reader.conn.execute("SELECT version FROM schema_version ORDER BY version")]
+    assert versions == list(range(1, SCHEMA_VERSION + 1))
+
+
+async def test_newer_schema_is_refused_for_writing_but_readable(tmp_path: Path) -> None:
+    path = tmp_path / "new.db"
+    await write(path, [synthetic_trace("r", turns=1)])
+    conn = sqlite3.connect(path)
+    conn.execute("INSERT INTO schema_version VALUES (999, 0, 'from the future')")
+    conn.commit()
+    conn.close()
+    with pytest.raises(SchemaTooNew):
+        await TraceWriter(path).start()
+    with TraceReader(path) as reader:
+        assert reader.session_ids("r")
+
+
+async def test_full_queue_drops_counts_and_names_the_rollouts(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / "t.db", queue_size=2)
+    # Not started yet: nothing drains the queue, so it fills at once.
+    started = time.perf_counter()
+    for i in range(5):
+        writer.submit(synthetic_trace(f"r{i}", turns=1))
+    assert time.perf_counter() - started < 0.5  # submit never waits
+    assert writer.stats()["dropped"] == 3 and writer.stats()["queued"] == 2
+    await writer.start()
+    await writer.close()
+    writer.submit(synthetic_trace("late", turns=1))  # after close: dropped too, never an error
+    stats = writer.stats()
+    assert (stats["submitted"], stats["written"], stats["dropped"]) == (6, 2, 4)
+    with TraceReader(tmp_path / "t.db") as reader:
+        assert reader.count() == 2
+        assert [(d["run_id"], d["reason"]) for d in reader.dropped()] == [
+            ("r2", "queue_full"),
+            ("r3", "queue_full"),
+            ("r4", "queue_full"),
+        ]
+        (w,) = reader.writers()
+        assert (w["written"], w["dropped"], w["failed"]) == (2, 3, 0) and w["closed_at"] is not None
+
+
+async def test_a_bad_rollout_does_not_sink_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = rows_module.trace_rows
+
+    def sabotaged(trace, session_id, writer_id, recorded_at):  # type: ignore[no-untyped-def]
+        out = real(trace, session_id, writer_id, recorded_at)
+        if trace.response.run_id == "bad-sql":  # violates NOT NULL: the whole batch's transaction fails
+            row = list(out.tables["sessions"][0])
+            row[rows_module.SESSION_COLUMNS.index("env_name")] = None
+            out.tables["sessions"][0] = tuple(row)
+        if trace.response.run_id == "bad-encode":
+            raise ValueError("cannot encode")
+        return out
+
+    monkeypatch.setattr("grpo_service.tracing.writer.trace_rows", sabotaged)
+    names = ["a", "bad-sql", "b", "bad-encode", "c"]
+    writer = TraceWriter(tmp_path / "t.db")
+    for name in names:  # queued before start: they form one batch
+        writer.submit(synthetic_trace(name, turns=2))
+    await writer.start()
+    await writer.close()
+    assert (writer.stats()["written"], writer.stats()["failed"]) == (3, 2)
+    with TraceReader(tmp_path / "t.db") as reader:
+        assert sorted(s["run_id"] for s in reader.sessions()) == ["a", "b", "c"]
+        reasons = {d["run_id"]: d["reason"] for d in reader.dropped()}
+    assert reasons["bad-encode"].startswith("write_error: ValueError")
+    assert reasons["bad-sql"].startswith("write_error: IntegrityError")
+
+
+async def test_concurrent_rollouts_and_readers(tmp_path: Path) -> None:
+    """Many rollouts finishing at once while a reader polls: no lock errors, nothing lost."""
+    path = tmp_path / "t.db"
+    writer = TraceWriter(path)
+    await writer.start()
+    traces = [synthetic_trace(f"r{i}", turns=10) for i in range(200)]
+    seen: list[int] = []
+
+    async def read_while_writing() -> None:
+        reader = TraceReader(path)
+        try:
+            while not seen or seen[-1] < len(traces):
+                seen.append(await asyncio.to_thread(reader.count))
+                await asyncio.sleep(0.005)
+        finally:
+            reader.close()
+
+    polling = asyncio.create_task(read_while_writing())
+    started = time.perf_counter()
+    for i, trace in enumerate(traces):
+        writer.submit(trace)
+        if i % 20 == 0:
+            await asyncio.sleep(0)
+    await asyncio.wait_for(polling, 30)
+    elapsed = time.perf_counter() - started
+    await writer.close()
+    stats = writer.stats()
+    assert stats["written"] == 200 and stats["dropped"] == stats["failed"] == 0
+    assert seen == sorted(seen)  # readers see whole rollouts appear, never a partial one undone
+    print(f"\n{stats['rows']} rows, 200 rollouts in {elapsed:.2f}s ({stats['rows'] / elapsed:,.0f} rows/s)")
+
+
+async def test_close_flushes_everything_queued(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / "t.db", max_batch=4)
+    await writer.start()
+    for i in range(30):
+        writer.submit(synthetic_trace(f"r{i}", turns=3))
+    await writer.close()
+    await writer.close()  # idempotent
+    with TraceReader(tmp_path / "t.db") as reader:
+        assert reader.count() == 30
+        assert reader.conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert reader.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+async def test_closing_a_writer_that_never_started_counts_what_it_held(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / "t.db")
+    writer.submit(synthetic_trace("a", turns=1))
+    writer.submit(synthetic_trace("b", turns=1))
+    await writer.close()
+    assert (writer.stats()["dropped"], writer.stats()["queued"], writer.stats()["written"]) == (2, 0, 0)
