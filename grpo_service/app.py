@@ -104,7 +104,7 @@ def create_app(
     if tracer is None and settings.trace_db is not None:
         from grpo_service.tracing import TraceWriter
 
-        tracer = TraceWriter(settings.trace_db)
+        tracer = TraceWriter(settings.trace_db, queue_size=settings.trace_queue_size)
     services = build_services(settings, store, tracer)
 
     @contextlib.asynccontextmanager

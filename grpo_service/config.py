@@ -48,3 +48,8 @@ class Settings(BaseSettings):
     inference_max_retries: int = Field(default=3, ge=0, le=10)
 
     trace_db: Path | None = Field(default=None, description="SQLite file that every rollout is traced to.")
+    trace_queue_size: int = Field(
+        default=1_000,
+        ge=1,
+        description="Finished rollouts waiting for the trace writer; beyond it they are dropped and counted.",
+    )

@@ -78,6 +78,10 @@ class Health(BaseModel):
     policies: int
     runs_active: int
     capacity: dict[str, int]
+    tracing: dict[str, int] | None = Field(
+        default=None,
+        description="Trace writer counters (written, dropped, failed, queued) when tracing is on.",
+    )
 
 
 # ------------------------------------------------------------------------------------- env

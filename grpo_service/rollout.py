@@ -38,6 +38,7 @@ from grpo_service.models import (
 )
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle, new_id
+from inference import compact_response
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -343,6 +344,8 @@ class RolloutCoordinator:
                         deadline,
                     )
                     run.llm_s += time.monotonic() - t0
+                    if decision.llm_call is not None:  # ids and logprobs stay in their own fields
+                        decision.llm_call.response = compact_response(decision.llm_call.response)
                     pending = DecisionTrace(
                         turn=len(decisions), observation=current.observation, decision=decision
                     )

@@ -142,6 +142,23 @@ def choice_tokens(response: dict[str, Any], index: int = 0) -> tuple[list[int] |
     return ids, logprobs
 
 
+def compact_response(response: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The response without the bulky token data (per-token logprob entries, token ids).
+
+    `LLMCall` keeps the ids and logprobs in their own fields; traces store this compact form
+    instead of a second copy (vLLM's logprob entries are ~100 bytes per token).
+    """
+    if response is None:
+        return None
+    slim = {k: v for k, v in response.items() if k != "prompt_token_ids"}
+    slim["choices"] = [
+        {k: v for k, v in choice.items() if k not in ("logprobs", "token_ids")}
+        for choice in response.get("choices") or []
+        if isinstance(choice, dict)
+    ]
+    return slim
+
+
 def per_choice_calls(call: LLMCall) -> list[LLMCall]:
     """Split a call made with ``n > 1`` into one LLMCall per choice (same request and prompt ids)."""
     if call.response is None:

@@ -240,3 +240,15 @@ def test_ops_validation(client: httpx.Client) -> None:
         r = client.post("/rollout", json=body)
         assert r.status_code == 422 and needle in r.text, (body, r.text)
     assert client.get("/health").json()["envs"] == 0
+
+
+def test_health_reports_trace_writer_counts(start_server, fake_llm, tmp_path) -> None:
+    server = start_server(vllm_base_url=fake_llm.base_url, trace_db=tmp_path / "t.db")
+    with httpx.Client(base_url=server.base_url, timeout=60) as c:
+        assert c.get("/health").json()["tracing"]["written"] == 0
+        rollout(c, env={"env_name": "crafter"}, policy={"policy_name": "crafter-random"}, max_turns=2)
+        deadline = time.monotonic() + 10
+        while c.get("/health").json()["tracing"]["written"] < 1:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert c.get("/health").json()["tracing"]["dropped"] == 0

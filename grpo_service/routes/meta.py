@@ -86,4 +86,12 @@ async def health(services: ServicesDep) -> Health:
             "max_policies": s.max_policies,
             "max_active_runs": s.max_active_runs,
         },
+        tracing=_tracing_counts(services.tracer),
     )
+
+
+def _tracing_counts(tracer: object) -> dict[str, int] | None:
+    stats = getattr(tracer, "stats", None)
+    if stats is None:
+        return None
+    return {k: v for k, v in stats().items() if isinstance(v, int) and not isinstance(v, bool)}
