@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 # --------------------------------------------------------------------------------------------
 # Errors (the service turns each into a clear 4xx)
@@ -80,6 +80,14 @@ class StepResult:
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
 
 
+def parse_config(model: type[PluginConfig], config: dict[str, Any] | None, what: str) -> PluginConfig:
+    """Validate a raw config dict, or raise `InvalidConfig` naming the plug-in and the fields."""
+    try:
+        return model.model_validate(config or {})
+    except ValidationError as exc:
+        raise InvalidConfig(f"invalid config for {what}: {exc}") from exc
+
+
 class Environment(abc.ABC, Generic[ConfigT]):
     """A stateful environment instance.
 
@@ -98,13 +106,7 @@ class Environment(abc.ABC, Generic[ConfigT]):
     @classmethod
     def create(cls, config: dict[str, Any] | None, seed: int | None) -> Environment:
         """Validate a raw config dict and build an instance (not yet reset)."""
-        from pydantic import ValidationError
-
-        try:
-            parsed = cls.config_model.model_validate(config or {})
-        except ValidationError as exc:
-            raise InvalidConfig(f"invalid config for environment {cls.name!r}: {exc}") from exc
-        return cls(parsed, seed)  # type: ignore[arg-type]
+        return cls(parse_config(cls.config_model, config, f"environment {cls.name!r}"), seed)  # type: ignore[arg-type]
 
     @abc.abstractmethod
     def __init__(self, config: ConfigT, seed: int | None) -> None: ...
@@ -221,13 +223,7 @@ class Policy(abc.ABC, Generic[ConfigT]):
 
     @classmethod
     def create(cls, config: dict[str, Any] | None, context: PolicyContext) -> Policy:
-        from pydantic import ValidationError
-
-        try:
-            parsed = cls.config_model.model_validate(config or {})
-        except ValidationError as exc:
-            raise InvalidConfig(f"invalid config for policy {cls.name!r}: {exc}") from exc
-        return cls(parsed, context)  # type: ignore[arg-type]
+        return cls(parse_config(cls.config_model, config, f"policy {cls.name!r}"), context)  # type: ignore[arg-type]
 
     @abc.abstractmethod
     def __init__(self, config: ConfigT, context: PolicyContext) -> None: ...

@@ -86,6 +86,49 @@ class _BaselineState(BaseModel):
     memory: dict[str, Any] = Field(default_factory=dict)
 
 
+class _SeededBaseline(Policy[Any]):
+    """What both baselines share: a seeded RNG, a turn counter, and their snapshot format."""
+
+    env_name: ClassVar[str | None] = "crafter"
+
+    def __init__(self, config: Any, context: PolicyContext) -> None:
+        self.config = config
+        self.context = context
+        self.rng = random.Random(config.seed)
+        self.turn_index = 0
+
+    def extra_state(self) -> dict[str, Any]:
+        return {}
+
+    def restore_extra(self, parsed: _BaselineState) -> None:
+        """Install the policy-specific part of a validated state (``InvalidState`` if bad)."""
+
+    def get_state(self) -> dict[str, Any]:
+        return {
+            "version": STATE_VERSION,
+            "policy": self.name,
+            "config": self.config.model_dump(mode="json"),
+            "turn_index": self.turn_index,
+            "rng": _rng_to_json(self.rng),
+            **self.extra_state(),
+        }
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any], context: PolicyContext) -> Policy:
+        try:
+            parsed = _BaselineState.model_validate(state)
+            config = cls.config_model.model_validate(parsed.config)
+        except ValidationError as exc:
+            raise InvalidState(f"invalid {cls.name} state: {_state_problem(exc)}") from None
+        if parsed.policy != cls.name:
+            raise InvalidState(f"state is for policy {parsed.policy!r}, not {cls.name!r}")
+        policy = cls(config, context)
+        policy.rng = _rng_from_json(parsed.rng)
+        policy.turn_index = parsed.turn_index
+        policy.restore_extra(parsed)
+        return policy
+
+
 # --------------------------------------------------------------------------------------------
 # crafter-random
 # --------------------------------------------------------------------------------------------
@@ -97,18 +140,12 @@ class RandomConfig(PluginConfig):
 
 
 @register_policy
-class CrafterRandomPolicy(Policy[RandomConfig]):
+class CrafterRandomPolicy(_SeededBaseline):
     name: ClassVar[str] = "crafter-random"
     version: ClassVar[str] = "1"
     config_model: ClassVar[type[PluginConfig]] = RandomConfig
-    env_name: ClassVar[str | None] = "crafter"
     description: ClassVar[str] = "Uniformly random actions (a baseline; no LLM)."
-
-    def __init__(self, config: RandomConfig, context: PolicyContext) -> None:
-        self.config = config
-        self.context = context
-        self.rng = random.Random(config.seed)
-        self.turn_index = 0
+    config: RandomConfig
 
     async def step(
         self,
@@ -130,29 +167,6 @@ class CrafterRandomPolicy(Policy[RandomConfig]):
 
     def reset(self) -> None:
         self.turn_index = 0  # the RNG keeps going: a new episode gets new actions
-
-    def get_state(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "policy": self.name,
-            "config": self.config.model_dump(mode="json"),
-            "turn_index": self.turn_index,
-            "rng": _rng_to_json(self.rng),
-        }
-
-    @classmethod
-    def from_state(cls, state: dict[str, Any], context: PolicyContext) -> CrafterRandomPolicy:
-        try:
-            parsed = _BaselineState.model_validate(state)
-            config = RandomConfig.model_validate(parsed.config)
-        except ValidationError as exc:
-            raise InvalidState(f"invalid {cls.name} state: {_state_problem(exc)}") from None
-        if parsed.policy != cls.name:
-            raise InvalidState(f"state is for policy {parsed.policy!r}, not {cls.name!r}")
-        policy = cls(config, context)
-        policy.rng = _rng_from_json(parsed.rng)
-        policy.turn_index = parsed.turn_index
-        return policy
 
 
 # --------------------------------------------------------------------------------------------
@@ -466,21 +480,18 @@ class Heuristic:
 
 
 @register_policy
-class CrafterHeuristicPolicy(Policy[HeuristicConfig]):
+class CrafterHeuristicPolicy(_SeededBaseline):
     name: ClassVar[str] = "crafter-heuristic"
     version: ClassVar[str] = "1"
     config_model: ClassVar[type[PluginConfig]] = HeuristicConfig
-    env_name: ClassVar[str | None] = "crafter"
     description: ClassVar[str] = (
         "Scripted baseline: gather, craft, place, drink, eat, sleep, explore (no LLM)."
     )
+    config: HeuristicConfig
 
     def __init__(self, config: HeuristicConfig, context: PolicyContext) -> None:
-        self.config = config
-        self.context = context
-        self.rng = random.Random(config.seed)
+        super().__init__(config, context)
         self.memory: dict[str, Any] = {}
-        self.turn_index = 0
 
     async def step(
         self,
@@ -514,31 +525,12 @@ class CrafterHeuristicPolicy(Policy[HeuristicConfig]):
         self.memory = {}
         self.turn_index = 0
 
-    def get_state(self) -> dict[str, Any]:
-        return {
-            "version": STATE_VERSION,
-            "policy": self.name,
-            "config": self.config.model_dump(mode="json"),
-            "turn_index": self.turn_index,
-            "rng": _rng_to_json(self.rng),
-            "memory": dict(self.memory),
-        }
+    def extra_state(self) -> dict[str, Any]:
+        return {"memory": dict(self.memory)}
 
-    @classmethod
-    def from_state(cls, state: dict[str, Any], context: PolicyContext) -> CrafterHeuristicPolicy:
-        try:
-            parsed = _BaselineState.model_validate(state)
-            config = HeuristicConfig.model_validate(parsed.config)
-        except ValidationError as exc:
-            raise InvalidState(f"invalid {cls.name} state: {_state_problem(exc)}") from None
-        if parsed.policy != cls.name:
-            raise InvalidState(f"state is for policy {parsed.policy!r}, not {cls.name!r}")
+    def restore_extra(self, parsed: _BaselineState) -> None:
         try:
             memory = _HeuristicMemory.model_validate(parsed.memory)
         except ValidationError as exc:
-            raise InvalidState(f"invalid {cls.name} memory: {_state_problem(exc)}") from None
-        policy = cls(config, context)
-        policy.rng = _rng_from_json(parsed.rng)
-        policy.memory = memory.model_dump(mode="json", exclude_unset=True)
-        policy.turn_index = parsed.turn_index
-        return policy
+            raise InvalidState(f"invalid {self.name} memory: {_state_problem(exc)}") from None
+        self.memory = memory.model_dump(mode="json", exclude_unset=True)
