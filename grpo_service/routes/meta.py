@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Depends
 
@@ -25,6 +26,17 @@ ENDPOINTS = {
 }
 
 
+def _plugin_info(cls: Any) -> PluginInfo:
+    return PluginInfo(
+        name=cls.name,
+        version=cls.version,
+        description=cls.description,
+        config_schema=cls.config_model.model_json_schema(),
+        env_name=getattr(cls, "env_name", None),
+        uses_inference=getattr(cls, "uses_inference", False),
+    )
+
+
 @router.get("/info", response_model=ServiceInfo, dependencies=[Depends(require_api_key)])
 async def info(services: ServicesDep) -> ServiceInfo:
     """Service configuration, available plug-ins and limits."""
@@ -36,26 +48,8 @@ async def info(services: ServicesDep) -> ServiceInfo:
             endpoints={"chat_completions": "/v1/chat/completions"},
             default_model=s.default_model,
         ),
-        environments=[
-            PluginInfo(
-                name=name,
-                version=cls.version,
-                description=cls.description,
-                config_schema=cls.config_model.model_json_schema(),
-            )
-            for name, cls in sorted(ENVIRONMENTS.items())
-        ],
-        policies=[
-            PluginInfo(
-                name=name,
-                version=cls.version,
-                description=cls.description,
-                config_schema=cls.config_model.model_json_schema(),
-                env_name=cls.env_name,
-                uses_inference=cls.uses_inference,
-            )
-            for name, cls in sorted(POLICIES.items())
-        ],
+        environments=[_plugin_info(cls) for _, cls in sorted(ENVIRONMENTS.items())],
+        policies=[_plugin_info(cls) for _, cls in sorted(POLICIES.items())],
         limits=Limits(
             max_envs=s.max_envs,
             max_policies=s.max_policies,
