@@ -14,10 +14,12 @@ from fastapi.middleware.cors import CORSMiddleware
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service import __version__
+from grpo_service.auth import document_security
 from grpo_service.config import Settings
 from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
-from grpo_service.errors import install_error_handlers
+from grpo_service.errors import ERROR_RESPONSES, install_error_handlers
+from grpo_service.gc_tuning import serving_gc
 from grpo_service.limits import BodySizeLimit
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import Registry
@@ -113,7 +115,8 @@ def create_app(
             await tracer.start()
         reaper = asyncio.create_task(_reaper(services))
         try:
-            yield
+            with serving_gc():
+                yield
         finally:
             reaper.cancel()
             for run in services.registry.runs:
@@ -132,7 +135,8 @@ def create_app(
     app.state.services = services
     install_error_handlers(app)
     for module in (meta, env, policy, rollout):
-        app.include_router(module.router)
+        app.include_router(module.router, responses=ERROR_RESPONSES)
+    document_security(app)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     return app

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 
 from grpo_service.errors import Unauthorized
 
@@ -32,6 +33,33 @@ async def require_api_key(request: Request) -> None:
         raise Unauthorized("missing API key: send X-API-Key or Authorization: Bearer", code="missing_api_key")
     if not hmac.compare_digest(presented.encode(), expected.get_secret_value().encode()):
         raise Unauthorized("invalid API key", code="invalid_api_key")
+
+
+SECURITY_SCHEMES = {
+    "APIKeyHeader": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+    "BearerAuth": {"type": "http", "scheme": "bearer"},
+}
+OPEN_PATHS = frozenset({"/health"})  # every other operation depends on `require_api_key`
+
+
+def document_security(app: FastAPI) -> None:
+    """When a key is configured, declare it in the OpenAPI schema on every operation but /health
+    (the dependency reads the headers itself, so FastAPI cannot infer it)."""
+    build_schema = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        cached = app.openapi_schema is not None
+        schema = build_schema()
+        if cached or app.state.settings.environment_api_key is None:
+            return schema
+        schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+        for path, operations in schema.get("paths", {}).items():
+            if path not in OPEN_PATHS:
+                for operation in operations.values():
+                    operation["security"] = [{name: []} for name in SECURITY_SCHEMES]
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def is_loopback(host: str) -> bool:

@@ -29,7 +29,8 @@ class Services:
     started_at: float = field(default_factory=time.monotonic)
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async on purpose: FastAPI runs a sync dependency in its threadpool, a thread hop per request.
     return request.app.state.services
 
 

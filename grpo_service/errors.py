@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from http import HTTPStatus
+from typing import Any
+
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 from envs.base import EpisodeOver, InvalidAction, InvalidConfig, InvalidState, PluginError, UnknownPlugin
+from grpo_service.models import ErrorBody
 
 
 class ServiceError(Exception):
@@ -68,14 +75,44 @@ _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [
 ]
 
 
+# Documented on every route, so that clients (and schema checkers) know every error's shape.
+ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": HTTPStatus(status).phrase}
+    for status in (400, 401, 404, 409, 413, 421, 422, 429)
+}
+
+
 def error_body(code: str, message: str) -> dict[str, str]:
     return {"code": code, "detail": message}
+
+
+def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
+    try:
+        return jsonable_encoder(exc.errors())
+    except (UnicodeDecodeError, ValueError, TypeError):  # an input that cannot be shown as JSON
+        return jsonable_encoder(
+            [{k: v for k, v in e.items() if k in ("type", "loc", "msg")} for e in exc.errors()]
+        )
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
         return JSONResponse(error_body(exc.code, exc.message), exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse({"code": "invalid_request", "detail": _validation_detail(exc)}, 422)
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        code = getattr(exc, "code", None)
+        if code is None:
+            try:
+                code = HTTPStatus(exc.status_code).name.lower()
+            except ValueError:
+                code = "http_error"
+        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
 
     @app.exception_handler(PluginError)
     async def _plugin_error(_: Request, exc: PluginError) -> JSONResponse:

@@ -1,9 +1,17 @@
-"""ASGI middleware that refuses request bodies over a size limit with a 413, before parsing."""
+"""Input limits: request bodies over a size limit get a 413 before parsing (`BodySizeLimit`), and
+JSON bodies must be standard JSON, without ``NaN``/``Infinity`` (`StrictJSONRoute`)."""
 
 from __future__ import annotations
 
 import json
+import math
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any
 
+from fastapi import Request, Response
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 
@@ -29,7 +37,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
                 if seen > self.max_bytes:
-                    raise _TooLarge
+                    raise _TooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -60,5 +68,54 @@ class BodySizeLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(HTTPException):
+    # An HTTPException, because FastAPI turns any other error raised while it reads the body
+    # into a 400; the app's handler renders this one as a 413 (a streamed body over the limit).
+    code = "payload_too_large"
+
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(413, f"request body exceeds {max_bytes} bytes")
+
+
+def _refuse_constant(name: str) -> Any:
+    raise json.JSONDecodeError(f"{name} is not valid JSON (RFC 8259 has no NaN or Infinity)", name, 0)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise json.JSONDecodeError(f"number {text[:40]} is out of range for a float", text, 0)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+class StrictJSONRequest(Request):
+    """Python's `json` accepts ``NaN``, ``Infinity``, ``1e400`` (→ inf) and lone UTF-16 surrogate
+    escapes (``"\\ud800"``): none is valid JSON text, and once parsed each crashes a strict encoder
+    downstream (the response, the OpenAI client) with a 500."""
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            value = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
+            if _SURROGATE_ESCAPE.search(body):  # rare: only then pay for the check
+                try:
+                    json.dumps(value, ensure_ascii=False).encode()
+                except UnicodeEncodeError:
+                    raise json.JSONDecodeError("lone UTF-16 surrogate in a string", "", 0) from None
+            self._json = value
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """Routes whose JSON bodies are parsed strictly (FastAPI answers a decode error with a 422)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def strict_handler(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler

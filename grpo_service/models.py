@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 Id = Annotated[str, Field(min_length=1, max_length=128)]
 RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
 Name = Annotated[str, Field(min_length=1, max_length=64)]
-Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
-Action = Annotated[str, Field(max_length=64)] | Annotated[int, Field(ge=0, le=2**31)]
+# Strict: `true` or `1.5` is a caller's mistake, not seed 1 or action 1.
+Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
+Action = Annotated[str, Field(max_length=64)] | Annotated[int, Field(strict=True, ge=0, le=2**31)]
 ConfigDict_ = Annotated[dict[str, Any], Field(default_factory=dict, description="Plug-in specific config.")]
 
 DEFAULT_RUN = "default"
@@ -24,6 +25,36 @@ DEFAULT_RUN = "default"
 
 class Request(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a stable machine-readable ``code`` and a ``detail`` naming the problem
+    (for request validation errors, pydantic's list of errors)."""
+
+    code: str
+    detail: str | list[dict[str, Any]]
+
+
+def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> None:
+    """Validate the op sequence of a rollout or group request up front."""
+    if ops is None and max_turns is None:
+        raise ValueError("give 'ops' or 'max_turns'")
+    if ops is not None and max_turns is not None:
+        raise ValueError("give 'ops' or 'max_turns', not both")
+    if ops is None:
+        return
+    if not ops:
+        raise ValueError("'ops' is empty")
+    if len(ops) > max_ops:
+        raise ValueError(f"'ops' has {len(ops)} entries, more than safety.max_ops={max_ops}")
+    pending = False
+    for i, op in enumerate(ops):
+        if op == "agent":
+            pending = True
+        elif not pending:
+            raise ValueError(f"ops[{i}] is 'env' with no 'agent' decision before it to execute")
+        else:
+            pending = False
 
 
 # ------------------------------------------------------------------------------------ meta
@@ -320,25 +351,7 @@ class RolloutRequest(Request):
 
     @model_validator(mode="after")
     def _ops(self) -> RolloutRequest:
-        if self.ops is None and self.max_turns is None:
-            raise ValueError("give 'ops' or 'max_turns'")
-        if self.ops is not None and self.max_turns is not None:
-            raise ValueError("give 'ops' or 'max_turns', not both")
-        if self.ops is not None:
-            if not self.ops:
-                raise ValueError("'ops' is empty")
-            if len(self.ops) > self.safety.max_ops:
-                raise ValueError(
-                    f"'ops' has {len(self.ops)} entries, more than safety.max_ops={self.safety.max_ops}"
-                )
-            pending = False
-            for i, op in enumerate(self.ops):
-                if op == "agent":
-                    pending = True
-                elif not pending:
-                    raise ValueError(f"ops[{i}] is 'env' with no 'agent' decision before it to execute")
-                else:
-                    pending = False
+        check_ops(self.ops, self.max_turns, self.safety.max_ops)
         return self
 
     def op_list(self) -> list[str]:
@@ -441,6 +454,8 @@ class RolloutGroupRequest(Request):
 
     @model_validator(mode="after")
     def _sources(self) -> RolloutGroupRequest:
+        # Checked here, not when the members are built: a bad sequence is the caller's 422, not a 500.
+        check_ops(self.ops, self.max_turns, self.safety.max_ops)
         if self.env.env_id is not None:
             raise ValueError(
                 "env: a group starts from 'env_name' (+ seed) or 'snapshot_id', not a live env_id"

@@ -42,13 +42,15 @@ class Handle:
     created_at: float = field(default_factory=time.time)
     last_used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # Running rollouts using this handle: it is in use while they wait on the LLM, lock or not.
+    pins: int = 0
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
 
     @property
     def busy(self) -> bool:
-        return self.lock.locked()
+        return self.lock.locked() or self.pins > 0
 
 
 @dataclass(eq=False)

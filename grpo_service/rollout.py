@@ -42,6 +42,7 @@ from inference import compact_response
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+H = TypeVar("H", EnvHandle, PolicyHandle)
 
 IMAGE_KEYS = ("image_png_base64", "image")
 
@@ -256,7 +257,7 @@ class RolloutCoordinator:
     async def _resolve_env(self, spec: RolloutEnvSpec, rl_run_id: str) -> tuple[EnvHandle, bool]:
         """The env to play and whether this rollout owns it (and must terminate it)."""
         if spec.env_id is not None:
-            return self.envs.get(spec.env_id), False
+            return _unshared(self.envs.get(spec.env_id), "env"), False
         if spec.snapshot_id is not None:
             return await self.envs.restore(spec.snapshot_id), True
         assert spec.env_name is not None
@@ -266,7 +267,7 @@ class RolloutCoordinator:
         self, spec: RolloutPolicySpec, env: EnvHandle, rl_run_id: str
     ) -> tuple[PolicyHandle, bool]:
         if spec.policy_id is not None:
-            return self.policies.get(spec.policy_id), False
+            return _unshared(self.policies.get(spec.policy_id), "policy"), False
         assert spec.policy_name is not None
         handle = await self.policies.create(spec.policy_name, spec.config, rl_run_id, bound_env_id=env.id)
         return handle, True
@@ -306,6 +307,7 @@ class RolloutCoordinator:
         env, owns_env = (
             (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
         )
+        env.pins += 1  # the idle reaper must not take it while the rollout waits on the LLM
         policy: PolicyHandle | None = None
         owns_policy = False
         decisions: list[DecisionTrace] = []
@@ -315,6 +317,7 @@ class RolloutCoordinator:
         ops_executed = 0
         try:
             policy, owns_policy = await self._resolve_policy(req.policy, env, req.rl_run_id)
+            policy.pins += 1
             current = env.last or await self.envs.run(env.env.observe)
             if current.done:
                 if req.on_done != "reset":
@@ -394,6 +397,9 @@ class RolloutCoordinator:
             stop_reason, error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             run.ops_executed = ops_executed
+            env.pins -= 1
+            if policy is not None:
+                policy.pins -= 1
             if policy is not None and owns_policy:
                 await self.policies.discard(policy)
             if owns_env:
@@ -621,6 +627,14 @@ def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) ->
         rl_run_id=req.rl_run_id,
         mode=req.mode,
     )
+
+
+def _unshared(handle: H, what: str) -> H:
+    """Refuse an env or policy another running rollout is playing: interleaved steps (or a shared
+    policy history) would put one rollout's data into the other's trajectory."""
+    if handle.pins:
+        raise Conflict(f"{what} {handle.id} is in use by another running rollout", code=f"{what}_in_use")
+    return handle
 
 
 def _public_config(state: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ every process and run.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -27,6 +28,7 @@ def tokenize(text: str) -> list[str]:
     return _TOKEN_RE.findall(text)
 
 
+@functools.lru_cache(maxsize=1 << 16)  # prompts repeat their words: the fake's main cost
 def token_id(token: str) -> int:
     digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % VOCAB_SIZE

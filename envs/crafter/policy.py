@@ -10,12 +10,14 @@ with 1..N actions. Failures of the model or the server are returned as
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import time
+import urllib.parse
 from collections import deque
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from envs.base import (
     InvalidConfig,
@@ -109,8 +111,10 @@ def system_prompt(max_actions: int) -> str:
     return _SYSTEM_PROMPT.replace("<N>", str(max_actions))
 
 
+@functools.cache  # one per max_actions (1..8); a deepcopy per decision cost ~2%
 def tool_schema(max_actions: int) -> dict[str, Any]:
-    """TOOL_SCHEMA with ``maxItems`` (and its description) set to ``max_actions``."""
+    """TOOL_SCHEMA with ``maxItems`` (and its description) set to ``max_actions``. Shared: do
+    not mutate the returned dict."""
     schema = copy.deepcopy(TOOL_SCHEMA)
     function = schema["function"]
     function["description"] = (
@@ -167,6 +171,16 @@ class CrafterReActConfig(PluginConfig):
     timeout_s: float | None = Field(default=None, gt=0, description="Per attempt; default: service's.")
     system_prompt: str | None = Field(default=None, max_length=20_000)
     extra_body: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("inference_url")
+    @classmethod
+    def _check_url(cls, url: str | None) -> str | None:
+        # A bad URL is a 422 when the policy is created, not a 500 at its first step.
+        if url is not None:
+            split = urllib.parse.urlsplit(openai_client.normalize_base_url(url))
+            if not url.isprintable() or not split.hostname or split.port == 0:  # .port raises if invalid
+                raise ValueError(f"invalid inference URL {url!r:.100}")
+        return url
 
 
 class Turn(BaseModel):
@@ -337,7 +351,11 @@ class CrafterReActPolicy(Policy[CrafterReActConfig]):
     def _client(self) -> openai_client.InferenceClient:
         if self.client is None:
             api_key = self.config.api_key or self.context.api_key
-            self.client = openai_client.shared_pool().get(
+            # The service's pool (closed at shutdown), else the running loop's shared one.
+            pool = self.context.client_pool
+            if pool is None:
+                pool = openai_client.shared_pool()
+            self.client = pool.get(
                 self.inference_url,
                 api_key,
                 timeout_s=self.config.timeout_s or self.context.request_timeout_s,

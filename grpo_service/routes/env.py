@@ -6,6 +6,7 @@ from fastapi import APIRouter, Depends
 
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
+from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     EnvCreateRequest,
     EnvCreateResponse,
@@ -22,7 +23,9 @@ from grpo_service.models import (
 )
 from grpo_service.registry import SnapshotMeta
 
-router = APIRouter(prefix="/env", tags=["env"], dependencies=[Depends(require_api_key)])
+router = APIRouter(
+    prefix="/env", tags=["env"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
+)
 
 
 def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:

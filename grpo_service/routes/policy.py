@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import Unprocessable
+from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     PolicyCreateRequest,
     PolicyCreateResponse,
@@ -22,7 +23,9 @@ from grpo_service.models import (
 from grpo_service.rollout import llm_record
 from grpo_service.routes.env import snapshot_response
 
-router = APIRouter(prefix="/policy", tags=["policy"], dependencies=[Depends(require_api_key)])
+router = APIRouter(
+    prefix="/policy", tags=["policy"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
+)
 
 
 @router.post("/create", response_model=PolicyCreateResponse)

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Depends
 from grpo_service.auth import require_api_key
 from grpo_service.branching import branch as branch_envs
 from grpo_service.deps import ServicesDep
+from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     BranchRequest,
     BranchResponse,
@@ -21,7 +22,7 @@ from grpo_service.models import (
 )
 from grpo_service.registry import RunHandle
 
-router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)])
+router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
 def _started(run: RunHandle) -> RunStarted:

@@ -1,0 +1,96 @@
+"""``grpo-service bench``: the service against the physical limit, on this machine, in one run.
+
+Absolute numbers drift on shared machines; ratios measured in the same run do not (much).
+See docs/benchmark.md for what each figure means and how it is measured.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from grpo_service.bench.run import FIGURE_KEYS, FIGURES, RATIO_KEYS, RATIOS, _fmt, run_bench
+
+__all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench"]
+
+
+def render_table(report: dict[str, Any], console: Console) -> None:
+    machine = report["machine"]
+    console.print(
+        f"[bold]grpo-service bench[/] ({report['mode']}, {report['duration_s']} s) on "
+        f"{machine['nproc']} x {machine['cpu_model']}, Python {machine['python']}, {machine['server_stack']}"
+    )
+    console.print(report["layout"])
+    table = Table(show_lines=False)
+    for col, justify in (
+        ("figure", "left"),
+        ("median", "right"),
+        ("spread (min-max)", "right"),
+        ("unit", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for fig in FIGURES:
+        entry = report["figures"][fig.key]
+        if entry["median"] is None:
+            table.add_row(fig.key, "skipped", entry.get("skipped", "")[:60], fig.unit)
+            continue
+        lo, hi = entry["spread"]
+        table.add_row(fig.key, _fmt(entry["median"]), f"{_fmt(lo)} - {_fmt(hi)}", fig.unit)
+    console.print(table)
+    ratios = Table()
+    for col, justify in (
+        ("ratio", "left"),
+        ("value", "right"),
+        ("spread", "right"),
+        ("goal", "right"),
+        ("met", "left"),
+    ):
+        ratios.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for ratio in RATIOS:
+        entry = report["ratios"][ratio.key]
+        if entry["value"] is None:
+            ratios.add_row(ratio.key, "skipped", "", f">= {ratio.goal:g}", "-")
+            continue
+        lo, hi = entry["spread"]
+        met = "[green]yes[/]" if entry["met"] else "[red]no[/]"
+        ratios.add_row(ratio.key, f"{entry['value']:.2f}", f"{lo:.2f} - {hi:.2f}", f">= {ratio.goal:g}", met)
+    for key, entry in report.get("info_ratios", {}).items():
+        if entry["value"] is not None:
+            lo, hi = entry["spread"]
+            ratios.add_row(f"[dim]{key}[/]", f"{entry['value']:.2f}", f"{lo:.2f} - {hi:.2f}", "(info)", "")
+    console.print(ratios)
+    for note in report["notes"]:
+        console.print(f"[yellow]note:[/] {note}")
+
+
+def bench_main(
+    quick: Annotated[
+        bool, typer.Option("--quick", help="3 short repeats (under 4 minutes on 2 cores).")
+    ] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", dir_okay=False, help="Also write the results to this JSON file.")
+    ] = None,
+    pin: Annotated[
+        bool,
+        typer.Option(
+            "--pin/--no-pin",
+            help="Pin the service to one CPU and the fake LLM + load generator to the others (if >= 2).",
+        ),
+    ] = True,
+    smoke: Annotated[
+        bool, typer.Option("--smoke", hidden=True, help="Tiny run for tests (seconds).")
+    ] = False,
+) -> None:
+    """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
+    mode = "smoke" if smoke else ("quick" if quick else "full")
+    console = Console()
+    report = run_bench(mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False))
+    render_table(report, console)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+        console.print(f"wrote {json_path}")

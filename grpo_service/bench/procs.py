@@ -1,0 +1,108 @@
+"""Starting, pinning and stopping the benchmark's server processes (all on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+HOST = "127.0.0.1"
+
+
+def cpu_count() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def pin(pid: int, cpus: set[int] | None) -> None:
+    """Restrict ``pid`` to ``cpus`` (no-op when None or unsupported)."""
+    if cpus is None or not hasattr(os, "sched_setaffinity"):
+        return
+    with contextlib.suppress(OSError):
+        os.sched_setaffinity(pid, cpus)
+
+
+class ChildServer:
+    """A server in its own process: ``python -m grpo_service.bench.child KIND ...``."""
+
+    def __init__(self, kind: str, payload: dict[str, Any], *, cpus: set[int] | None, log: Path | None):
+        self.kind = kind
+        self.payload = payload
+        self.cpus = cpus
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = 0
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> ChildServer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((HOST, 0))
+        sock.listen(2048)
+        self.port = sock.getsockname()[1]
+        fd = sock.fileno()
+        os.set_inheritable(fd, True)
+        flag = "--settings" if self.kind == "service" else "--config"
+        cmd = [sys.executable, "-m", "grpo_service.bench.child", self.kind, "--fd", str(fd)]
+        cmd += [flag, json.dumps(self.payload)]
+        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))}
+        try:
+            self.proc = subprocess.Popen(cmd, pass_fds=[fd], stdout=out, stderr=out, env=env)
+        finally:
+            sock.close()
+            if out is not subprocess.DEVNULL:
+                out.close()
+        pin(self.proc.pid, self.cpus)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        path = "/health" if self.kind == "service" else "/v1/models"
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} server exited with code {self.proc.returncode}")
+            try:
+                with urllib.request.urlopen(self.base_url + path, timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.kind} server did not answer within {timeout_s:.0f} s")
+            time.sleep(0.05)
+
+    def rss_bytes(self) -> int:
+        return psutil.Process(self.pid).memory_info().rss
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout_s)

@@ -1,0 +1,649 @@
+"""The benchmark run: servers, repeats, figures, ratios, the table and the JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib.metadata
+import importlib.util
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from grpo_service.bench import inproc, served
+from grpo_service.bench.procs import ChildServer, cpu_count, pin
+
+FAKE_MODEL = "fake-model"
+LLM_LATENCY_S = 0.2
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How long and how big each measurement is."""
+
+    mode: str
+    repeats: int
+    step_seconds: float  # in-process stepping, per figure and repeat
+    raw_resets: int  # fresh worlds per repeat
+    cached_resets: int
+    http_seconds: float
+    http_clients: int
+    rollouts: int  # concurrent rollouts, zero-latency fake
+    group_size: int
+    rollout_turns: int
+    llm_rollouts: int  # concurrent rollouts, 200 ms fake
+    llm_turns: int
+    snapshots: int
+    branches: int
+    live_envs: int
+    actions_per_call: tuple[int, int] = (1, 4)
+    warm_episodes: int = 4  # worlds cached per group seed before timing (a death's reset finds one)
+
+
+PLANS = {
+    "smoke": Plan("smoke", 1, 0.15, 1, 10, 0.4, 4, 4, 2, 2, 8, 2, 3, 2, 40, warm_episodes=1),
+    "quick": Plan("quick", 3, 1.5, 2, 100, 2.5, 16, 64, 16, 25, 128, 12, 40, 8, 1000),
+    "full": Plan("full", 5, 4.0, 4, 300, 6.0, 16, 64, 16, 60, 128, 30, 200, 30, 1000),
+}
+
+
+@dataclass(frozen=True)
+class Figure:
+    key: str
+    unit: str
+    meaning: str
+    higher_is_better: bool = True
+
+
+FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "raw_crafter_steps_per_s",
+        "steps/s",
+        "stock crafter.Env().step, random actions, its own 64x64 rendering on; in-process, one core",
+    ),
+    Figure(
+        "env_steps_per_s",
+        "steps/s",
+        "our CrafterEnv.step([a]), random actions, text observation built, no pixels; in-process, one core",
+    ),
+    Figure(
+        "raw_reset_s", "s", "stock crafter.Env(seed).reset() of a never-seen seed (world generation)", False
+    ),
+    Figure("env_reset_cached_s", "s", "CrafterEnv.reset(seed) of a seed seen before (world cache)", False),
+    Figure(
+        "http_steps_per_s",
+        "steps/s",
+        "POST /env/step, one action per request, 16 keep-alive clients each on its own env; server: 1 core",
+    ),
+    Figure(
+        "rollout_steps_per_s",
+        "steps/s",
+        "env steps/s through /rollout/group, 64 concurrent rollouts (4 groups of 16), zero-latency fake LLM",
+    ),
+    Figure(
+        "rollout_decisions_per_s", "decisions/s", "LLM decisions/s in the same run as rollout_steps_per_s"
+    ),
+    Figure(
+        "rollout_traced_steps_per_s",
+        "steps/s",
+        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every rollout written to SQLite)",
+    ),
+    Figure(
+        "llm_bound",
+        "decisions/s",
+        "decisions/s with a fake answering in 200 ms, 128 concurrent rollouts (8 groups of 16)",
+    ),
+    Figure("llm_bound_ideal", "decisions/s", "128 rollouts / 0.2 s: the LLM's own limit"),
+    Figure(
+        "llm_bound_fake_alone",
+        "decisions/s",
+        "the same 200 ms fake driven directly by 128 bare clients (same request): the harness's own ceiling",
+    ),
+    Figure(
+        "http_steps_per_s_multiproc",
+        "steps/s",
+        "as http_steps_per_s, clients spread over one service process per CPU (all cores, shared)",
+    ),
+    Figure(
+        "rollout_steps_per_s_multiproc",
+        "steps/s",
+        "as rollout_steps_per_s, groups spread over one service process per CPU (all cores, shared)",
+    ),
+    Figure("snapshot_p50_ms", "ms", "POST /env/snapshot (state encoded, signed, stored), median", False),
+    Figure("snapshot_p99_ms", "ms", "POST /env/snapshot, 99th percentile", False),
+    Figure("restore_p50_ms", "ms", "POST /env/restore (load, verify, decode, new live env), median", False),
+    Figure("restore_p99_ms", "ms", "POST /env/restore, 99th percentile", False),
+    Figure("snapshot_bytes", "bytes", "stored size of one env snapshot (zlib-compressed, signed)", False),
+    Figure("branch16_p50_ms", "ms", "POST /branch of one env into 16 children, median", False),
+    Figure("branch16_p99_ms", "ms", "POST /branch into 16 children, 99th percentile", False),
+    Figure("rss_per_env_kb", "KiB", "server RSS growth per live env, 1,000 envs created over HTTP", False),
+)
+FIGURE_KEYS = tuple(f.key for f in FIGURES)
+MULTIPROC_KEYS = ("http_steps_per_s_multiproc", "rollout_steps_per_s_multiproc")
+
+
+@dataclass(frozen=True)
+class Ratio:
+    key: str
+    numerator: str
+    denominator: str
+    goal: float
+    meaning: str
+
+
+RATIOS: tuple[Ratio, ...] = (
+    Ratio("step_vs_raw", "env_steps_per_s", "raw_crafter_steps_per_s", 2.0, "env / raw step rate"),
+    Ratio("reset_cached_vs_raw", "raw_reset_s", "env_reset_cached_s", 50.0, "raw reset / cached reset"),
+    Ratio("http_vs_inproc", "http_steps_per_s", "env_steps_per_s", 0.7, "HTTP step rate / in-process"),
+    Ratio(
+        "rollout_vs_inproc", "rollout_steps_per_s", "env_steps_per_s", 0.7, "rollout step rate / in-process"
+    ),
+    Ratio("llm_bound_efficiency", "llm_bound", "llm_bound_ideal", 0.9, "achieved / ideal decisions/s"),
+    Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.95, "traced / untraced"),
+)
+RATIO_KEYS = tuple(r.key for r in RATIOS)
+
+# Not goals: they split a ratio's shortfall into what the harness costs and what we cost.
+INFO_RATIOS: tuple[Ratio, ...] = (
+    Ratio(
+        "llm_bound_vs_fake_alone",
+        "llm_bound",
+        "llm_bound_fake_alone",
+        0.0,
+        "service decisions/s / what the fake sustains alone",
+    ),
+    Ratio("fake_alone_efficiency", "llm_bound_fake_alone", "llm_bound_ideal", 0.0, "fake alone / ideal"),
+    Ratio(
+        "http_multiproc_vs_inproc",
+        "http_steps_per_s_multiproc",
+        "env_steps_per_s",
+        0.0,
+        "all-cores HTTP step rate / one-core in-process",
+    ),
+    Ratio(
+        "rollout_multiproc_vs_inproc",
+        "rollout_steps_per_s_multiproc",
+        "env_steps_per_s",
+        0.0,
+        "all-cores rollout step rate / one-core in-process",
+    ),
+)
+
+
+@dataclass
+class Layout:
+    """Which CPUs the measured service and the harness (fake LLM, load generator) use."""
+
+    service: set[int] | None
+    harness: set[int] | None
+
+    @classmethod
+    def choose(cls, pinning: bool) -> Layout:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if not pinning or len(cpus) < 2:
+            return cls(None, None)
+        return cls({cpus[0]}, set(cpus[1:]))
+
+    def describe(self) -> str:
+        if self.service is None:
+            return "not pinned: service, fake LLM and load generator share all cores"
+        return (
+            f"service and in-process figures pinned to CPU {sorted(self.service)}; "
+            f"fake LLM and load generator on CPU {sorted(self.harness or [])}"
+        )
+
+
+@dataclass
+class Samples:
+    values: dict[str, list[float]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def add(self, key: str, value: float) -> None:
+        self.values.setdefault(key, []).append(float(value))
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    if cpus is None or not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin(0, cpus)
+    try:
+        yield
+    finally:
+        pin(0, before)
+
+
+def _tracing_available() -> str | None:
+    """None if the tracing writer imports, else why not."""
+    try:
+        from grpo_service.tracing import TraceWriter  # noqa: F401
+    except Exception as exc:  # not written yet, or broken: the figure is skipped, not the run
+        return f"grpo_service.tracing.TraceWriter is not importable ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _server_stack() -> str:
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    return f"uvicorn {importlib.metadata.version('uvicorn')} ({loop} + {http})"
+
+
+def machine_info() -> dict[str, Any]:
+    model = platform.processor() or ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    mem = None
+    with contextlib.suppress(Exception):
+        import psutil
+
+        mem = round(psutil.virtual_memory().total / 2**30, 1)
+    versions = {}
+    for dist in ("crafter", "opensimplex", "numpy", "fastapi", "pydantic", "uvicorn", "openai"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            versions[dist] = importlib.metadata.version(dist)
+    return {
+        "nproc": cpu_count(),
+        "cpu_model": model,
+        "memory_gib": mem,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_avg_at_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+        "server_stack": _server_stack(),
+        "versions": versions,
+    }
+
+
+# ----------------------------------------------------------------------------------- run
+
+
+class Bench:
+    def __init__(self, plan: Plan, *, pinning: bool, log: Callable[[str], None], workdir: Path):
+        self.plan = plan
+        self.layout = Layout.choose(pinning)
+        self.log = log
+        self.workdir = workdir
+        self.samples = Samples()
+        self.servers: list[ChildServer] = []
+        self.notes: list[str] = []
+
+    def _service(self, name: str, fake_url: str, **settings: Any) -> ChildServer:
+        payload = self._service_payload(name, fake_url, **settings)
+        return self._start(ChildServer("service", payload, cpus=self.layout.service, log=self._logfile(name)))
+
+    def _service_payload(self, name: str, fake_url: str, **settings: Any) -> dict[str, Any]:
+        return {
+            "state_dir": str(self.workdir / name / "state"),
+            "snapshot_secret": "bench-secret-" + "x" * 32,
+            "default_model": FAKE_MODEL,
+            "vllm_base_url": fake_url,
+            "reaper_interval_s": 3600.0,
+            "inference_max_retries": 0,
+            **settings,
+        }
+
+    def _fake(self, name: str, latency_s: float) -> ChildServer:
+        payload = {
+            "model": FAKE_MODEL,
+            "latency_s": latency_s,
+            "actions_per_call": self.plan.actions_per_call,
+        }
+        return self._start(ChildServer("fake", payload, cpus=self.layout.harness, log=self._logfile(name)))
+
+    def _logfile(self, name: str) -> Path:
+        return self.workdir / f"{name}.log"
+
+    def _start(self, server: ChildServer) -> ChildServer:
+        self.servers.append(server.start())
+        return server
+
+    def stop_all(self) -> None:
+        for server in self.servers:
+            with contextlib.suppress(Exception):
+                server.stop()
+        self.servers.clear()
+
+    def _timed(self, key: str, fn: Callable[[], Any]) -> Any:
+        t0 = time.perf_counter()
+        value = fn()
+        self.log(
+            f"  {key}: {_fmt(value) if isinstance(value, float) else ''} ({time.perf_counter() - t0:.1f} s)"
+        )
+        return value
+
+    # ------------------------------------------------------------------------------ phases
+
+    def run(self) -> dict[str, Any]:
+        plan = self.plan
+        started = time.time()
+        trace_problem = _tracing_available()
+        if trace_problem:
+            self.samples.skipped["rollout_traced_steps_per_s"] = trace_problem
+            self.notes.append(f"rollout_traced_steps_per_s skipped: {trace_problem}")
+        self.log(f"layout: {self.layout.describe()}")
+        try:
+            fake0 = self._fake("fake-0ms", 0.0)
+            fake200 = self._fake("fake-200ms", LLM_LATENCY_S)
+            for fake in (fake0, fake200):
+                fake.wait_ready()
+            svc = self._service("service", fake0.base_url)
+            traced = None
+            if not trace_problem:
+                traced = self._service(
+                    "service-traced", fake0.base_url, trace_db=str(self.workdir / "trace.db")
+                )
+            # One more service per further CPU, for the "all cores" figures (shard 0 is `svc`).
+            shards = [svc, *self._extra_shards(fake0.base_url)]
+            for server in (traced, *shards):
+                if server is not None:
+                    server.wait_ready()
+            group_seeds = list(range(101, 101 + max(1, plan.llm_rollouts // plan.group_size)))
+            with pinned(self.layout.harness):
+                for server in (traced, *shards):
+                    if server is not None:
+                        asyncio.run(served.warm_worlds(server.base_url, [7]))
+                        asyncio.run(served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes))
+            for rep in range(plan.repeats):
+                self.log(f"repeat {rep + 1}/{plan.repeats}")
+                self._inproc(rep)
+                with pinned(self.layout.harness):
+                    self._served(rep, svc, traced, fake0, fake200, group_seeds)
+                    self._multiproc(shards, fake0, group_seeds)
+            self.log("live-env memory (fresh server)")
+            self._memory(fake0.base_url)
+        finally:
+            self.stop_all()
+        return self._report(started)
+
+    def _extra_shards(self, fake_url: str) -> list[ChildServer]:
+        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        if len(cpus) < 2:
+            for key in MULTIPROC_KEYS:
+                self.samples.skipped[key] = "needs at least 2 CPUs"
+            return []
+        shards = []
+        for i, cpu in enumerate(cpus[1:], start=2):
+            server = ChildServer(
+                "service",
+                self._service_payload(f"service-{i}", fake_url),
+                cpus={cpu} if self.layout.service is not None else None,
+                log=self._logfile(f"service-{i}"),
+            )
+            shards.append(self._start(server))
+        return shards
+
+    def _multiproc(self, shards: list[ChildServer], fake0: ChildServer, group_seeds: list[int]) -> None:
+        """The same loads spread over one service process per CPU (fake and load generator
+        still share those CPUs): what more cores buy without changing the service."""
+        if len(shards) < 2:
+            return
+        plan, urls = self.plan, [s.base_url for s in shards]
+
+        def http() -> float:
+            return asyncio.run(served.http_steps_per_s(urls, plan.http_clients, plan.http_seconds, 7))
+
+        self.samples.add("http_steps_per_s_multiproc", self._timed("http_steps_per_s_multiproc", http))
+
+        def rollouts() -> served.GroupRun:
+            return asyncio.run(
+                served.rollout_groups(
+                    urls,
+                    inference_url=fake0.base_url,
+                    rollouts=plan.rollouts,
+                    group_size=plan.group_size,
+                    turns=plan.rollout_turns,
+                    seeds=group_seeds,
+                    on_done="terminate",
+                )
+            )
+
+        run = self._timed("rollout_steps_per_s_multiproc", rollouts)
+        self._check_run("rollout (multiproc)", run)
+        self.samples.add("rollout_steps_per_s_multiproc", run.steps_per_s)
+
+    def _inproc(self, rep: int) -> None:
+        plan, add = self.plan, self.samples.add
+        with pinned(self.layout.service):
+            add(
+                "raw_crafter_steps_per_s",
+                self._timed(
+                    "raw_crafter_steps_per_s", lambda: inproc.raw_crafter_steps_per_s(plan.step_seconds, rep)
+                ),
+            )
+            add(
+                "env_steps_per_s",
+                self._timed("env_steps_per_s", lambda: inproc.env_steps_per_s(plan.step_seconds, rep)),
+            )
+            first = 1_000_000 + rep * 1000
+            add("raw_reset_s", self._timed("raw_reset_s", lambda: inproc.raw_reset_s(plan.raw_resets, first)))
+            add(
+                "env_reset_cached_s",
+                self._timed("env_reset_cached_s", lambda: inproc.env_reset_cached_s(plan.cached_resets, 7)),
+            )
+
+    def _served(
+        self,
+        rep: int,
+        svc: ChildServer,
+        traced: ChildServer | None,
+        fake0: ChildServer,
+        fake200: ChildServer,
+        group_seeds: list[int],
+    ) -> None:
+        plan, add = self.plan, self.samples.add
+
+        def http() -> float:
+            return asyncio.run(served.http_steps_per_s(svc.base_url, plan.http_clients, plan.http_seconds, 7))
+
+        add("http_steps_per_s", self._timed("http_steps_per_s", http))
+
+        def rollouts(server: ChildServer) -> served.GroupRun:
+            return asyncio.run(
+                served.rollout_groups(
+                    server.base_url,
+                    inference_url=fake0.base_url,
+                    rollouts=plan.rollouts,
+                    group_size=plan.group_size,
+                    turns=plan.rollout_turns,
+                    seeds=group_seeds,
+                    on_done="terminate",
+                )
+            )
+
+        run = self._timed("rollout_steps_per_s", lambda: rollouts(svc))
+        self._check_run("rollout", run)
+        add("rollout_steps_per_s", run.steps_per_s)
+        add("rollout_decisions_per_s", run.decisions_per_s)
+        self.samples.extra.setdefault("rollout_steps_per_decision", []).append(
+            run.steps / max(1, run.decisions)
+        )
+        self.log(
+            f"    {run.steps} steps, {run.decisions} decisions, {run.wall_s:.2f} s: {run.steps_per_s:.0f}/s"
+        )
+        if traced is not None:
+            run = self._timed("rollout_traced_steps_per_s", lambda: rollouts(traced))
+            self._check_run("rollout (traced)", run)
+            add("rollout_traced_steps_per_s", run.steps_per_s)
+            self.log(f"    {run.steps} steps in {run.wall_s:.2f} s: {run.steps_per_s:.0f} steps/s")
+
+        def llm() -> served.GroupRun:
+            return asyncio.run(
+                served.rollout_groups(
+                    svc.base_url,
+                    inference_url=fake200.base_url,
+                    rollouts=plan.llm_rollouts,
+                    group_size=plan.group_size,
+                    turns=plan.llm_turns,
+                    seeds=group_seeds,
+                    on_done="reset",
+                )
+            )
+
+        run = self._timed("llm_bound", llm)
+        self._check_run("llm_bound", run)
+        add("llm_bound", run.decisions_per_s)
+        add("llm_bound_ideal", plan.llm_rollouts / LLM_LATENCY_S)
+
+        def alone() -> float:
+            body = served.crafter_request_body(FAKE_MODEL)
+            return asyncio.run(served.fake_alone(fake200.base_url, body, plan.llm_rollouts, plan.llm_turns))
+
+        add("llm_bound_fake_alone", self._timed("llm_bound_fake_alone", alone))
+        self.log(f"    {run.decisions} decisions in {run.wall_s:.2f} s: {run.decisions_per_s:.0f}/s")
+
+        snap = self._timed(
+            "snapshot/restore", lambda: asyncio.run(served.snapshot_restore(svc.base_url, plan.snapshots, 11))
+        )
+        for key, value in snap.items():
+            add(key, value)
+        branch = self._timed(
+            "branch16", lambda: asyncio.run(served.branch16(svc.base_url, plan.branches, 11))
+        )
+        for key, value in branch.items():
+            add(key, value)
+
+    def _check_run(self, what: str, run: served.GroupRun) -> None:
+        if run.failed:
+            self.notes.append(f"{what}: {run.failed} rollouts failed ({run.stop_reasons})")
+        odd = {k: v for k, v in run.stop_reasons.items() if k not in ("completed", "done", "episode_done")}
+        if odd:
+            self.notes.append(f"{what}: unexpected stop reasons {odd}")
+
+    def _memory(self, fake_url: str) -> None:
+        """A fresh server per repeat: RSS before and after creating ``live_envs`` envs."""
+        seeds = list(range(201, 209))
+        for _ in range(self.plan.repeats):
+            server = self._service("service-mem", fake_url)
+            try:
+                server.wait_ready()
+                with pinned(self.layout.harness):
+                    asyncio.run(served.warm_worlds(server.base_url, seeds))
+                    time.sleep(0.2)
+                    before = server.rss_bytes()
+                    asyncio.run(served.create_many(server.base_url, self.plan.live_envs, seeds))
+                    time.sleep(0.2)
+                    after = server.rss_bytes()
+                self.samples.add("rss_per_env_kb", (after - before) / self.plan.live_envs / 1024)
+                self.log(f"  rss_per_env_kb: {(after - before) / self.plan.live_envs / 1024:.0f}")
+            finally:
+                server.stop()
+                self.servers.remove(server)
+
+    # ------------------------------------------------------------------------------ report
+
+    def _report(self, started: float) -> dict[str, Any]:
+        figures: dict[str, Any] = {}
+        for fig in FIGURES:
+            values = self.samples.values.get(fig.key, [])
+            entry: dict[str, Any] = {"unit": fig.unit, "meaning": fig.meaning}
+            if values:
+                entry.update(
+                    median=statistics.median(values),
+                    spread=[min(values), max(values)],
+                    spread_pct=_spread_pct(values),
+                    n=len(values),
+                    values=values,
+                )
+            else:
+                entry.update(median=None, spread=None, spread_pct=None, n=0, values=[])
+                entry["skipped"] = self.samples.skipped.get(fig.key, "not measured")
+            figures[fig.key] = entry
+        ratios: dict[str, Any] = {}
+        for ratio in RATIOS:
+            num = self.samples.values.get(ratio.numerator, [])
+            den = self.samples.values.get(ratio.denominator, [])
+            per_repeat = [n / d for n, d in zip(num, den, strict=False) if d]
+            entry = {
+                "numerator": ratio.numerator,
+                "denominator": ratio.denominator,
+                "goal": ratio.goal,
+                "meaning": ratio.meaning,
+            }
+            if per_repeat:
+                value = statistics.median(per_repeat)
+                entry.update(
+                    value=value,
+                    spread=[min(per_repeat), max(per_repeat)],
+                    per_repeat=per_repeat,
+                    met=value >= ratio.goal,
+                )
+            else:
+                entry.update(value=None, spread=None, per_repeat=[], met=None)
+                entry["skipped"] = self.samples.skipped.get(ratio.numerator) or self.samples.skipped.get(
+                    ratio.denominator, "not measured"
+                )
+            ratios[ratio.key] = entry
+        info: dict[str, Any] = {}
+        for ratio in INFO_RATIOS:
+            num = self.samples.values.get(ratio.numerator, [])
+            den = self.samples.values.get(ratio.denominator, [])
+            per_repeat = [n / d for n, d in zip(num, den, strict=False) if d]
+            info[ratio.key] = {
+                "numerator": ratio.numerator,
+                "denominator": ratio.denominator,
+                "meaning": ratio.meaning,
+                "value": statistics.median(per_repeat) if per_repeat else None,
+                "spread": [min(per_repeat), max(per_repeat)] if per_repeat else None,
+            }
+        spd = self.samples.extra.get("rollout_steps_per_decision", [])
+        return {
+            "schema": 1,
+            "mode": self.plan.mode,
+            "started_at": started,
+            "duration_s": round(time.time() - started, 1),
+            "machine": machine_info(),
+            "layout": self.layout.describe(),
+            "plan": asdict(self.plan),
+            "measurement": {
+                "fake_llm": "separate process (python -m grpo_service.bench.child fake), no access log",
+                "fake_actions_per_call": list(self.plan.actions_per_call),
+                "rollout_steps_per_decision": statistics.median(spd) if spd else None,
+                "load_generator": "this process, asyncio + raw HTTP/1.1 keep-alive sockets",
+                "http_request": '{"env_id": ..., "action": "<random name>"}; full response parsed',
+                "statistic": "median over repeats; spread = [min, max]; ratios = median of per-repeat ratios",
+            },
+            "figures": figures,
+            "ratios": ratios,
+            "info_ratios": info,
+            "notes": self.notes,
+        }
+
+
+def _spread_pct(values: list[float]) -> float:
+    med = statistics.median(values)
+    return round(100 * (max(values) - min(values)) / med, 1) if med else 0.0
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value == 0:
+        return "0"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 1:
+        return f"{value:.2f}"
+    if abs(value) >= 0.01:
+        return f"{value:.3f}"
+    return f"{value:.2e}"
+
+
+def run_bench(mode: str, *, pinning: bool = True, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    plan = PLANS[mode]
+    with tempfile.TemporaryDirectory(prefix="grpo-bench-") as tmp:
+        bench = Bench(
+            plan, pinning=pinning, log=log or (lambda s: print(s, file=sys.stderr)), workdir=Path(tmp)
+        )
+        return bench.run()

@@ -1,0 +1,96 @@
+"""`grpo-service bench`: a smoke run only (tiny sizes, seconds); no timing assertions."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from grpo_service.bench import FIGURE_KEYS, RATIO_KEYS
+from grpo_service.bench.http import RawClient
+from grpo_service.bench.procs import ChildServer
+from grpo_service.cli import app
+
+ISSUE_FIGURES = {
+    "raw_crafter_steps_per_s",
+    "env_steps_per_s",
+    "raw_reset_s",
+    "env_reset_cached_s",
+    "http_steps_per_s",
+    "rollout_steps_per_s",
+    "rollout_traced_steps_per_s",
+    "llm_bound",
+}
+ISSUE_RATIOS = {
+    "step_vs_raw",
+    "reset_cached_vs_raw",
+    "http_vs_inproc",
+    "rollout_vs_inproc",
+    "llm_bound_efficiency",
+    "trace_on_vs_off",
+}
+
+
+@pytest.mark.slow
+def test_bench_smoke_writes_valid_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(app, ["bench", "--smoke", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "step_vs_raw" in result.output  # the table was printed
+
+    report = json.loads(out.read_text())
+    assert set(report["figures"]) >= ISSUE_FIGURES and set(report["figures"]) == set(FIGURE_KEYS)
+    assert set(report["ratios"]) == set(RATIO_KEYS) == ISSUE_RATIOS
+    for key, fig in report["figures"].items():
+        if fig["median"] is None:  # skipped figures say why
+            assert fig["skipped"], key
+            continue
+        assert math.isfinite(fig["median"]) and fig["median"] >= 0, key
+        lo, hi = fig["spread"]
+        assert lo <= fig["median"] <= hi and fig["n"] == len(fig["values"]) >= 1, key
+    for key, ratio in report["ratios"].items():
+        assert {"value", "goal", "met", "numerator", "denominator"} <= set(ratio), key
+        if ratio["value"] is not None:
+            assert ratio["value"] > 0 and ratio["met"] == (ratio["value"] >= ratio["goal"]), key
+    machine = report["machine"]
+    assert machine["nproc"] >= 1 and machine["python"] and "cpu_model" in machine
+
+
+def test_bench_is_a_registered_subcommand() -> None:
+    result = CliRunner().invoke(app, ["bench", "--help"])
+    assert result.exit_code == 0 and "--quick" in result.output and "--json" in result.output
+
+
+async def test_child_server_listens_on_loopback_and_stops(tmp_path: Path) -> None:
+    server = ChildServer("fake", {"model": "m"}, cpus=None, log=tmp_path / "fake.log").start()
+    try:
+        server.wait_ready()
+        assert server.base_url.startswith("http://127.0.0.1:")
+        async with RawClient("127.0.0.1", server.port) as client:
+            models = await client.get_json("/v1/models")
+        assert models["data"][0]["id"] == "m"
+    finally:
+        proc = server.proc
+        server.stop()
+    assert proc is not None and proc.poll() is not None
+
+
+def test_serving_gc_raises_thresholds_and_restores_them() -> None:
+    import gc
+
+    from grpo_service.gc_tuning import SERVING_THRESHOLDS, serving_gc
+
+    before = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        with serving_gc():
+            assert gc.get_threshold() == SERVING_THRESHOLDS
+        assert gc.get_threshold() == (700, 10, 10)
+        gc.set_threshold(1234, 5, 5)  # someone's own choice is left alone
+        with serving_gc():
+            assert gc.get_threshold() == (1234, 5, 5)
+    finally:
+        gc.set_threshold(*before)
