@@ -199,7 +199,9 @@ class RolloutCoordinator:
     def _finish_run(run: RunHandle, status: str, result: Any = None, error: str | None = None) -> None:
         run.status = status  # type: ignore[assignment]
         run.finished_at = time.time()
-        run.result = result
+        # Only background runs keep their result for /run/status: a blocking call has already
+        # returned it, and 2,000 kept results of long rollouts would hold about a GiB.
+        run.result = result if run.task is not None else None
         run.error = error
 
     def abort(self, run_id: str) -> RunHandle:

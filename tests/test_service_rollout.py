@@ -252,3 +252,15 @@ def test_health_reports_trace_writer_counts(start_server, fake_llm, tmp_path) ->
             assert time.monotonic() < deadline
             time.sleep(0.05)
         assert c.get("/health").json()["tracing"]["dropped"] == 0
+
+
+def test_blocking_runs_do_not_keep_their_result(client: httpx.Client) -> None:
+    rollout(
+        client,
+        run_id="sync",
+        env={"env_name": "crafter"},
+        policy={"policy_name": "crafter-random"},
+        max_turns=2,
+    )
+    status = client.get("/run/status/sync").json()
+    assert status["status"] == "completed" and status["ops_executed"] == 4 and status["result"] is None
