@@ -1,0 +1,42 @@
+"""Schemathesis against the live OpenAPI schema of a running server, with and without an API key:
+no 5xx and no response that violates the schema. A bounded run (a few examples per operation);
+the long one is ``tests/fuzz_schemathesis.py``, run by hand."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from inference.fake_server import FakeInferenceServer
+from inference.server_thread import ServerThread
+from tests.fuzz_schemathesis import KEY, run_schemathesis
+
+pytestmark = pytest.mark.slow
+
+
+def fuzz(
+    server: ServerThread, workdir: Path, headers: dict[str, str] | None = None, **options: object
+) -> None:
+    result = run_schemathesis(server.base_url, workdir, headers=headers, max_examples=3, seed=1, **options)
+    assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
+    assert "Tested: 20" in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["open", "keyed"])
+def test_fuzzing_finds_no_5xx_and_no_schema_violation(
+    start_server: Callable[..., ServerThread], fake_llm: FakeInferenceServer, tmp_path: Path, keyed: bool
+) -> None:
+    server = start_server(vllm_base_url=fake_llm.base_url, environment_api_key=KEY if keyed else None)
+    if keyed:
+        fuzz(server, tmp_path, phases="examples,fuzzing")  # without the key: every answer is a 401
+        fuzz(server, tmp_path, {"X-API-Key": KEY})
+    else:
+        fuzz(server, tmp_path)
+    # The server still serves normally afterwards.
+    headers = {"X-API-Key": KEY} if keyed else {}
+    with httpx.Client(base_url=server.base_url, headers=headers, timeout=60) as client:
+        body = {"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}, "max_turns": 2}
+        assert client.post("/rollout", json=body).json()["status"] == "completed"
