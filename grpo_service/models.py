@@ -9,11 +9,24 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 # Ids and names are bounded so that no request can smuggle megabytes through a path-like field.
 Id = Annotated[str, Field(min_length=1, max_length=128)]
-RunId = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]
+
+
+def _no_dot_dot(value: str) -> str:
+    if ".." in value:
+        raise ValueError("must not contain '..'")
+    return value
+
+
+# The same rule as the snapshot store's (storage/base.py): no path tricks.
+RunId = Annotated[
+    str,
+    Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$"),
+    AfterValidator(_no_dot_dot),
+]
 Name = Annotated[str, Field(min_length=1, max_length=64)]
 # Strict: `true` or `1.5` is a caller's mistake, not seed 1 or action 1.
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]

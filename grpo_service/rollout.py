@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from envs.base import LLMCall, PluginError, PolicyDecision, StepResult
 from grpo_service.config import Settings
 from grpo_service.environments import EnvManager
-from grpo_service.errors import CapacityExceeded, Conflict, ServiceError
+from grpo_service.errors import CapacityExceeded, Conflict, ServiceError, Unprocessable
 from grpo_service.models import (
     GroupMember,
     GroupMetrics,
@@ -525,7 +525,7 @@ class RolloutCoordinator:
 
     def _register_group(self, req: RolloutGroupRequest) -> RunHandle:
         if req.group_size > self.settings.max_group_size:
-            raise CapacityExceeded(
+            raise Unprocessable(  # a retry cannot succeed: not a 429
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )

@@ -144,7 +144,7 @@ CASES: dict[str, Case] = {
         code="bad_request",
     ),
     "group over max_group_size": Case(
-        "/rollout/group", {**GROUP, "group_size": 300, "max_turns": 1}, 429, "group_too_large"
+        "/rollout/group", {**GROUP, "group_size": 300, "max_turns": 1}, 422, "group_too_large"
     ),
     # NaN and infinities (Python's json parses them; JSON has none)
     "seed NaN": Case("/env/create", raw=b'{"env_name": "crafter", "seed": NaN}'),
@@ -218,7 +218,7 @@ CASES: dict[str, Case] = {
     "rl_run_id ../x at create": Case("/env/create", {"env_name": "crafter", "rl_run_id": "../x"}),
     "rl_run_id a/b at snapshot": Case("/env/snapshot", {"env_id": "{env}", "rl_run_id": "a/b"}),
     "rl_run_id with .. at snapshot": Case(
-        "/env/snapshot", {"env_id": "{env}", "rl_run_id": "ok..ok"}, 422, "invalid_rl_run_id"
+        "/env/snapshot", {"env_id": "{env}", "rl_run_id": "ok..ok"}, 422, "invalid_request"
     ),
     "rl_run_id ../.. at restore": Case("/env/restore", {"snapshot_id": "{snapshot}", "rl_run_id": "../.."}),
     "run_id ../x": Case("/rollout", {**ROLL, "max_turns": 1, "run_id": "../x"}),

@@ -107,7 +107,7 @@ def test_run_slots_and_group_size_are_capped(start_server: Callable[..., ServerT
                 client.post("/rollout/group", json={**body, "group_size": 2}), 429, "capacity_exceeded"
             )
             assert_error(
-                client.post("/rollout/group", json={**body, "group_size": 5}), 429, "group_too_large"
+                client.post("/rollout/group", json={**body, "group_size": 5}), 422, "group_too_large"
             )
             deadline = time.monotonic() + 10
             while counts(client)["runs_active"]:

@@ -134,3 +134,8 @@ def test_ids_from_another_replica_get_421(client: httpx.Client) -> None:
     client.post("/env/terminate", json={"env_id": env_id})
     r = client.post("/env/step", json={"env_id": env_id, "action": "noop"})
     assert r.status_code == 404 and "terminated, or expired" in r.json()["detail"]
+
+
+def test_dot_dot_run_id_refused_at_create(client: httpx.Client) -> None:
+    r = client.post("/env/create", json={"env_name": "crafter", "rl_run_id": "a..b"})
+    assert r.status_code == 422 and "rl_run_id" in r.text
