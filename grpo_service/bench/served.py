@@ -8,28 +8,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from envs.crafter.actions import ACTIONS as ACTION_NAMES
 from grpo_service.bench.http import RawClient
 from grpo_service.bench.procs import HOST
-
-ACTION_NAMES = (
-    "noop",
-    "move_left",
-    "move_right",
-    "move_up",
-    "move_down",
-    "do",
-    "sleep",
-    "place_stone",
-    "place_table",
-    "place_furnace",
-    "place_plant",
-    "make_wood_pickaxe",
-    "make_stone_pickaxe",
-    "make_iron_pickaxe",
-    "make_wood_sword",
-    "make_stone_sword",
-    "make_iron_sword",
-)
 
 
 def _port(base_url: str) -> int:
