@@ -396,20 +396,9 @@ class Bench:
 
         self.samples.add("http_steps_per_s_multiproc", self._timed("http_steps_per_s_multiproc", http))
 
-        def rollouts() -> served.GroupRun:
-            return asyncio.run(
-                served.rollout_groups(
-                    urls,
-                    inference_url=fake0.base_url,
-                    rollouts=plan.rollouts,
-                    group_size=plan.group_size,
-                    turns=plan.rollout_turns,
-                    seeds=group_seeds,
-                    on_done="terminate",
-                )
-            )
-
-        run = self._timed("rollout_steps_per_s_multiproc", rollouts)
+        run = self._timed(
+            "rollout_steps_per_s_multiproc", lambda: self._groups(urls, fake0.base_url, group_seeds)
+        )
         self._check_run("rollout (multiproc)", run)
         self.samples.add("rollout_steps_per_s_multiproc", run.steps_per_s)
 
@@ -450,17 +439,7 @@ class Bench:
         add("http_steps_per_s", self._timed("http_steps_per_s", http))
 
         def rollouts(server: ChildServer) -> served.GroupRun:
-            return asyncio.run(
-                served.rollout_groups(
-                    server.base_url,
-                    inference_url=fake0.base_url,
-                    rollouts=plan.rollouts,
-                    group_size=plan.group_size,
-                    turns=plan.rollout_turns,
-                    seeds=group_seeds,
-                    on_done="terminate",
-                )
-            )
+            return self._groups(server.base_url, fake0.base_url, group_seeds)
 
         run = self._timed("rollout_steps_per_s", lambda: rollouts(svc))
         self._check_run("rollout", run)
@@ -478,20 +457,9 @@ class Bench:
             add("rollout_traced_steps_per_s", run.steps_per_s)
             self.log(f"    {run.steps} steps in {run.wall_s:.2f} s: {run.steps_per_s:.0f} steps/s")
 
-        def llm() -> served.GroupRun:
-            return asyncio.run(
-                served.rollout_groups(
-                    svc.base_url,
-                    inference_url=fake200.base_url,
-                    rollouts=plan.llm_rollouts,
-                    group_size=plan.group_size,
-                    turns=plan.llm_turns,
-                    seeds=group_seeds,
-                    on_done="reset",
-                )
-            )
-
-        run = self._timed("llm_bound", llm)
+        run = self._timed(
+            "llm_bound", lambda: self._groups(svc.base_url, fake200.base_url, group_seeds, llm_bound=True)
+        )
         self._check_run("llm_bound", run)
         add("llm_bound", run.decisions_per_s)
         add("llm_bound_ideal", plan.llm_rollouts / LLM_LATENCY_S)
@@ -513,6 +481,24 @@ class Bench:
         )
         for key, value in branch.items():
             add(key, value)
+
+    def _groups(
+        self, urls: str | list[str], inference_url: str, seeds: list[int], *, llm_bound: bool = False
+    ) -> served.GroupRun:
+        """One load of GRPO groups: the rollout load (zero-latency fake, terminate at episode end)
+        or, with ``llm_bound``, the LLM-bound load (200 ms fake, longer-lived groups)."""
+        plan = self.plan
+        return asyncio.run(
+            served.rollout_groups(
+                urls,
+                inference_url=inference_url,
+                rollouts=plan.llm_rollouts if llm_bound else plan.rollouts,
+                group_size=plan.group_size,
+                turns=plan.llm_turns if llm_bound else plan.rollout_turns,
+                seeds=seeds,
+                on_done="reset" if llm_bound else "terminate",
+            )
+        )
 
     def _check_run(self, what: str, run: served.GroupRun) -> None:
         if run.failed:

@@ -79,6 +79,23 @@ def _retryable(exc: httpx.HTTPError | None, response: httpx.Response | None) -> 
     return isinstance(exc, httpx.ConnectError)  # never reached the server
 
 
+def _retry_in(
+    attempt: int, attempts: int, error: httpx.HTTPError | None, response: httpx.Response | None
+) -> float | None:
+    """Seconds to wait before the next try, or None when this attempt's outcome is final."""
+    if attempt + 1 < attempts and _retryable(error, response):
+        return _retry_delay(response, attempt)
+    return None
+
+
+def _result(error: httpx.HTTPError | None, response: httpx.Response | None) -> Any:
+    """The final outcome of `call`/`acall`: the parsed body, or a `ServiceCallError`."""
+    if error is not None:
+        raise _classify(error) from None
+    assert response is not None
+    return _check(response)
+
+
 def call(
     client: httpx.Client,
     method: str,
@@ -96,13 +113,10 @@ def call(
             response = client.request(method, url, json=json, **_timeout_kwargs(read_timeout_s))
         except httpx.HTTPError as exc:
             error = exc
-        if attempt + 1 < attempts and _retryable(error, response):
-            time.sleep(_retry_delay(response, attempt))
-            continue
-        if error is not None:
-            raise _classify(error) from None
-        assert response is not None
-        return _check(response)
+        delay = _retry_in(attempt, attempts, error, response)
+        if delay is None:
+            return _result(error, response)
+        time.sleep(delay)
     raise AssertionError("unreachable")
 
 
@@ -123,13 +137,10 @@ async def acall(
             response = await client.request(method, url, json=json, **_timeout_kwargs(read_timeout_s))
         except httpx.HTTPError as exc:
             error = exc
-        if attempt + 1 < attempts and _retryable(error, response):
-            await asyncio.sleep(_retry_delay(response, attempt))
-            continue
-        if error is not None:
-            raise _classify(error) from None
-        assert response is not None
-        return _check(response)
+        delay = _retry_in(attempt, attempts, error, response)
+        if delay is None:
+            return _result(error, response)
+        await asyncio.sleep(delay)
     raise AssertionError("unreachable")
 
 
