@@ -8,6 +8,7 @@ operation on one env or policy is serialized, while different ones run concurren
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import secrets
 import time
@@ -20,10 +21,26 @@ from typing import Any, Generic, Literal, TypeVar
 from envs.base import Environment, Policy, StepResult
 from grpo_service.errors import CapacityExceeded, NotFound, WrongInstance
 
-# Every process tags the env and policy ids it issues, so that a request reaching another
-# replica (Modal does not route by id) gets a clear 421 instead of a misleading 404.
-INSTANCE_ID = secrets.token_hex(4)
-_TAGGED_ID = re.compile(r"^([0-9a-f]{8})-[0-9a-f]{32}$")
+# Every process tags the env, policy and run ids it issues with its instance, so that a request
+# reaching another replica (Modal does not route by id) gets a clear 421 instead of a misleading
+# 404, and so that a multi-worker server can forward it to the worker that owns the id
+# (`grpo_service.peers`). The worker supervisor chooses each worker's tag (GRPO_INSTANCE_ID).
+INSTANCE_ENV_VAR = "GRPO_INSTANCE_ID"
+INSTANCE_TAG = re.compile(r"^[0-9a-f]{8}$")
+# A group member's run id is its group's id plus ".{index}".
+TAGGED_ID = re.compile(r"^([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?$")
+
+
+def _instance_id() -> str:
+    given = os.environ.get(INSTANCE_ENV_VAR)
+    if given is None:
+        return secrets.token_hex(4)
+    if not INSTANCE_TAG.match(given):
+        raise ValueError(f"{INSTANCE_ENV_VAR} must be 8 lowercase hex digits, got {given!r}")
+    return given
+
+
+INSTANCE_ID = _instance_id()
 
 
 def new_id() -> str:
@@ -161,7 +178,7 @@ class Table(Generic[H]):
 
     def _missing(self, key: str) -> Exception:
         code = f"{self.what}_not_found"
-        tagged = _TAGGED_ID.match(key) if isinstance(key, str) else None
+        tagged = TAGGED_ID.match(key) if isinstance(key, str) else None
         if tagged and tagged.group(1) != INSTANCE_ID:
             return WrongInstance(
                 f"{self.what} {key} lives in another replica of this service (instance {tagged.group(1)}; "

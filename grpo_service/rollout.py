@@ -37,7 +37,7 @@ from grpo_service.models import (
     Trajectory,
 )
 from grpo_service.policies import PolicyManager
-from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle, new_id
+from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle, new_instance_id
 from inference import compact_response
 
 log = logging.getLogger(__name__)
@@ -216,12 +216,12 @@ class RolloutCoordinator:
     # ---------------------------------------------------------------------------- public API
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
-        run_id = req.run_id or new_id()
+        run_id = req.run_id or new_instance_id()
         run = self.register_run(run_id, "rollout", len(req.op_list()))
         return await self._run_registered(run, req)
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
-        run = self.register_run(req.run_id or new_id(), "rollout", len(req.op_list()))
+        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()))
         run.task = asyncio.create_task(self._run_registered(run, req))
         run.task.add_done_callback(_consume_exception)
         return run
@@ -533,7 +533,7 @@ class RolloutCoordinator:
             raise CapacityExceeded(
                 "not enough free run slots for this group; retry later", headers={"Retry-After": "1"}
             )
-        group_id = req.group_id or new_id()
+        group_id = req.group_id or new_instance_id()
         ops_total = len(_member_request(req, "x", None).op_list()) * req.group_size
         run = self.register_run(group_id, "group", ops_total)
         run.member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]

@@ -150,6 +150,13 @@ def _classify(exc: BaseException) -> InferenceError | None:
 
 
 def _completion_dict(raw: Any) -> dict[str, Any]:
+    """The response body as a plain dict: from the raw bytes `_create` asks the client for, or
+    from a `ChatCompletion` (the `create` fallback)."""
+    if isinstance(raw, bytes | bytearray):
+        data = json.loads(raw)  # a JSONDecodeError is classified as malformed_response
+        if not isinstance(data, dict):
+            raise InferenceError("malformed_response", f"expected a JSON object, got {type(data).__name__}")
+        return data
     if not isinstance(raw, ChatCompletion):
         raise InferenceError("malformed_response", f"expected a chat completion, got {type(raw).__name__}")
     return raw.model_dump(mode="json")
@@ -158,7 +165,9 @@ def _completion_dict(raw: Any) -> dict[str, Any]:
 def _int_list(value: Any, what: str) -> list[int] | None:
     if value is None:
         return None
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+    # `type(v) is int` (bools are not token ids), checked with C-level map/set: prompts carry
+    # thousands of ids and a Python-level loop over them was 15% of a decision's client CPU.
+    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
         raise InferenceError("malformed_response", f"{what} is not a list of integers")
     return value
 
@@ -353,11 +362,12 @@ class InferenceClient:
     async def _create(self, body: dict[str, Any], timeout: float) -> Any:
         """``chat.completions.create(**body)``, through the openai client's own ``post``.
 
-        Same endpoint, body, auth, transport, errors and `ChatCompletion` parsing, minus two
-        per-call costs that buy nothing for a plain JSON dict: the type-directed request
-        transform and a uuid4 idempotency key the client never sends (client CPU per call
-        1.04 → 0.60 ms, 64 concurrent calls). Falls back to ``create`` if a future openai
-        release moves the helper.
+        Same endpoint, body, auth, transport and errors, minus three per-call costs that buy
+        nothing when the caller wants a plain dict: the type-directed request transform, a
+        uuid4 idempotency key the client never sends, and building a `ChatCompletion` model
+        only to dump it back to a dict (the body comes back as bytes for one ``json.loads``).
+        Client CPU per call, 64 concurrent calls: 1.04 → 0.60 → 0.45 ms. Falls back to
+        ``create`` if a future openai release moves the helper.
         """
         if _make_request_options is None:
             return await self._openai.chat.completions.create(**body, timeout=timeout)
@@ -370,9 +380,7 @@ class InferenceClient:
             idempotency_key="unused",
             **_AUTH_OPTION,
         )
-        return await self._openai.post(
-            "/chat/completions", body=payload, options=options, cast_to=ChatCompletion
-        )
+        return await self._openai.post("/chat/completions", body=payload, options=options, cast_to=bytes)
 
     def _to_call(self, body: dict[str, Any], response: Any, started: float, attempts: int) -> LLMCall:
         choices = response.get("choices") if isinstance(response, dict) else None
