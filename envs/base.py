@@ -99,6 +99,10 @@ class Environment(abc.ABC, Generic[ConfigT]):
     version: ClassVar[str] = "1"
     config_model: ClassVar[type[PluginConfig]] = PluginConfig
     description: ClassVar[str] = ""
+    # Steps of at most this many actions take a few milliseconds at most: the service runs
+    # them on its event loop instead of handing each to a worker thread (the hand-off and GIL
+    # contention cost more CPU than a short step). Longer steps, resets and snapshots use threads.
+    inline_step_max_actions: ClassVar[int] = 0
 
     config: ConfigT
     seed: int

@@ -21,8 +21,9 @@ from grpo_service.environments import EnvManager
 from grpo_service.errors import ERROR_RESPONSES, install_error_handlers
 from grpo_service.gc_tuning import serving_gc
 from grpo_service.limits import BodySizeLimit
+from grpo_service.peers import PeerForwarder, PeerRouter
 from grpo_service.policies import PolicyManager
-from grpo_service.registry import Registry
+from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator, TraceSink
 from grpo_service.routes import env, meta, policy, rollout
 from grpo_service.snapshots import SnapshotService, load_signing_key
@@ -108,6 +109,16 @@ def create_app(
 
         tracer = TraceWriter(settings.trace_db, queue_size=settings.trace_queue_size)
     services = build_services(settings, store, tracer)
+    forwarder = (
+        PeerForwarder(
+            INSTANCE_ID,
+            settings.worker_peers,
+            settings.peer_timeout_s,
+            str(settings.worker_loads_file) if settings.worker_loads_file else None,
+        )
+        if settings.worker_peers
+        else None
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -122,6 +133,8 @@ def create_app(
             for run in services.registry.runs:
                 run.abort.set()
             await services.client_pool.aclose()
+            if forwarder is not None:
+                await forwarder.aclose()
             if tracer is not None and hasattr(tracer, "close"):
                 await tracer.close()
 
@@ -138,5 +151,7 @@ def create_app(
         app.include_router(module.router, responses=ERROR_RESPONSES)
     document_security(app)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    if forwarder is not None:  # outside CORS: a relayed answer already has the owner's headers
+        app.add_middleware(PeerRouter, forwarder=forwarder)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     return app

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -44,6 +45,26 @@ class Settings(BaseSettings):
     max_group_size: int = Field(default=256, ge=1)
     env_threads: int = Field(default=8, ge=1, description="Worker threads for CPU-bound env calls.")
 
+    workers: int = Field(
+        default=1,
+        ge=0,
+        description="Server processes sharing the port (0: one per CPU). Each owns the envs and "
+        "policies it creates; a request for another worker's id is forwarded to it.",
+    )
+    worker_peers: dict[str, str] = Field(
+        default_factory=dict,
+        description="Set by the worker supervisor: every worker's instance tag and loopback URL.",
+    )
+    worker_loads_file: Path | None = Field(
+        default=None, description="Set by the worker supervisor: the shared rollout counts of the workers."
+    )
+    peer_timeout_s: float = Field(
+        default=86_460.0,
+        gt=0,
+        description="Longest wait for a forwarded request: the longest rollout a request may ask "
+        "for (safety.max_time_s <= 86,400 s) plus a minute. The owner's own deadlines end it sooner.",
+    )
+
     inference_timeout_s: float = Field(default=120.0, gt=0)
     inference_max_retries: int = Field(default=3, ge=0, le=10)
 
@@ -53,3 +74,19 @@ class Settings(BaseSettings):
         ge=1,
         description="Finished rollouts waiting for the trace writer; beyond it they are dropped and counted.",
     )
+
+    def as_environment(self) -> dict[str, str]:
+        """The settings as environment variables, for a child process that rebuilds them
+        (uvicorn's reloader, the worker supervisor's workers)."""
+        out: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                continue
+            if isinstance(value, SecretStr):
+                value = value.get_secret_value()
+            elif isinstance(value, bool):
+                value = "true" if value else "false"
+            elif isinstance(value, dict):
+                value = json.dumps(value)
+            out[name.upper()] = str(value)
+        return out

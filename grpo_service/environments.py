@@ -1,8 +1,11 @@
 """`EnvManager`: the lifecycle of live environments (create, step, snapshot, fork, terminate).
 
-Env calls are CPU-bound and synchronous, so each runs in a worker thread (never on the event
-loop) under the env's own lock: one env's operations are serialized, different envs overlap,
-and a slow world generation never stalls another client's request.
+Env calls are CPU-bound and synchronous, so each runs in a worker thread under the env's own
+lock: one env's operations are serialized, different envs overlap, and a slow world generation
+never stalls another client's request. The exception is a short step (at most the env's
+``inline_step_max_actions``, a few milliseconds): it runs on the event loop, because under the
+GIL a thread buys no parallelism and the hand-off costs more CPU than such a step (rollouts:
+1.55 → 1.30 ms of server CPU per decision, measured with the bench's rollout load).
 """
 
 from __future__ import annotations
@@ -77,7 +80,10 @@ class EnvManager:
                 actions = handle.env.actions_from_tool_calls(tool_calls)
             if not actions:
                 raise InvalidAction("no actions to execute")
-            handle.last = await self.run(handle.env.step, list(actions))
+            if len(actions) <= handle.env.inline_step_max_actions:
+                handle.last = handle.env.step(list(actions))
+            else:
+                handle.last = await self.run(handle.env.step, list(actions))
             handle.touch()
         return handle.last
 

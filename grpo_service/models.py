@@ -117,6 +117,10 @@ class ServiceInfo(BaseModel):
 class Health(BaseModel):
     status: Literal["healthy"]
     version: str
+    instance: str = Field(
+        description="This process's tag: the prefix of the env, policy and run ids it issues."
+    )
+    workers: int = Field(description="Server processes behind this port (`serve --workers`).")
     uptime_s: float
     envs: int
     policies: int

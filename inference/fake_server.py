@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import Receive, Scope, Send
 
 from inference.server_thread import ServerThread
-from inference.toy_tokenizer import encode, render_chat, stable_hash, token_id, tokenize
+from inference.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
 
 FaultKind = Literal[
     "timeout",
@@ -64,7 +64,9 @@ class FakeConfig(BaseModel):
         default=False,
         description="Requests without a `seed` and with temperature > 0 differ on each call.",
     )
-    latency_s: float = Field(default=0.0, ge=0)
+    latency_s: float = Field(
+        default=0.0, ge=0, description="Time from a request's arrival to its answer (parsing included)."
+    )
     latency_jitter_s: float = Field(default=0.0, ge=0)
     actions_per_call: tuple[int, int] = (1, 4)
     fault_probs: dict[FaultKind, float] = Field(default_factory=dict)
@@ -250,7 +252,7 @@ def build_completion(
     """The vLLM-shaped response to a chat request (``fault`` may alter the decision)."""
     messages = body["messages"]
     tools = body.get("tools") or None
-    prompt_ids = encode(render_chat(messages, tools))
+    prompt_ids = encode_chat(messages, tools)
     temperature = body.get("temperature")
     varies = cfg.vary_unseeded and body.get("seed") is None and (temperature is None or temperature > 0)
     base_seed = stable_hash(
@@ -345,6 +347,7 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
+        arrived = time.monotonic()
         number = state.count_route("chat")
         if denied := _unauthorized(request):
             return denied
@@ -358,8 +361,8 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         fault = state.next_fault()
 
         delay = cfg.latency_s + (random.uniform(0, cfg.latency_jitter_s) if cfg.latency_jitter_s else 0.0)
-        if delay > 0:
-            await asyncio.sleep(delay)
+        if delay > 0:  # counted from arrival: the fake's own work is part of its latency
+            await asyncio.sleep(max(0.0, arrived + delay - time.monotonic()))
 
         if fault == "timeout":
             await _hang(request, state, cfg.timeout_fault_s)

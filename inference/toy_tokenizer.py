@@ -38,8 +38,9 @@ def encode(text: str) -> list[int]:
     return [token_id(t) for t in tokenize(text)]
 
 
-def render_chat(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-    """A ChatML-like rendering of a conversation, ending with the assistant turn's opening."""
+def chat_parts(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[str]:
+    """A ChatML-like rendering of a conversation, one string per turn, ending with the
+    assistant turn's opening. Every part ends in a newline, so no token spans two parts."""
     parts: list[str] = []
     if tools:
         parts.append("<|im_start|>tools\n" + json.dumps(tools, sort_keys=True) + "<|im_end|>\n")
@@ -52,4 +53,21 @@ def render_chat(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] 
             content += json.dumps(calls, sort_keys=True)
         parts.append(f"<|im_start|>{message.get('role', 'user')}\n{content}<|im_end|>\n")
     parts.append("<|im_start|>assistant\n")
-    return "".join(parts)
+    return parts
+
+
+def render_chat(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
+    return "".join(chat_parts(messages, tools))
+
+
+@functools.lru_cache(maxsize=4096)  # the system prompt, tools and history repeat turn after turn
+def _encode_part(part: str) -> tuple[int, ...]:
+    return tuple(encode(part))
+
+
+def encode_chat(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """``encode(render_chat(messages, tools))``, tokenizing each repeated turn only once."""
+    ids: list[int] = []
+    for part in chat_parts(messages, tools):
+        ids.extend(_encode_part(part))
+    return ids

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -59,3 +65,66 @@ def server(start_server: Callable[..., ServerThread], fake_llm: FakeInferenceSer
 def client(server: ServerThread) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.base_url, timeout=60) as c:
         yield c
+
+
+# ------------------------------------------------------------- `grpo-service serve` subprocesses
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_env_file(tmp_path: Path, llm_url: str) -> Path:
+    env_file = tmp_path / "service.env"
+    env_file.write_text(
+        f"VLLM_BASE_URL={llm_url}\nDEFAULT_MODEL={MODEL}\nSTATE_DIR={tmp_path / 'state'}\n"
+        f"SNAPSHOT_SECRET={'s' * 40}\nREAPER_INTERVAL_S=3600\n"
+    )
+    return env_file
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], base_url: str, log: Path) -> None:
+        self.proc, self.base_url, self.log = proc, base_url, log
+
+
+@pytest.fixture
+def serve(tmp_path: Path, fake_llm: FakeInferenceServer) -> Iterator[Callable[..., Served]]:
+    """Start ``python -m grpo_service.cli serve ARGS`` in ``tmp_path``; wait until it answers."""
+    started: list[Served] = []
+
+    def start(*args: str, wait_s: float = 30.0) -> Served:
+        port = free_port()
+        log = tmp_path / f"serve-{port}.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env.pop("TRACE_DB", None)
+        cmd = [sys.executable, "-m", "grpo_service.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--env-file", str(write_env_file(tmp_path, fake_llm.base_url)), *args]
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                cmd, cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        served = Served(proc, f"http://127.0.0.1:{port}", log)
+        started.append(served)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise AssertionError(f"serve exited with {proc.returncode}:\n{log.read_text()}")
+            try:
+                if httpx.get(served.base_url + "/health", timeout=1).status_code == 200:
+                    return served
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError(f"serve did not start:\n{log.read_text()}")
+
+    yield start
+    for served in started:
+        if served.proc.poll() is None:
+            os.killpg(served.proc.pid, signal.SIGKILL)
+            served.proc.wait(10)

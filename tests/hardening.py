@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,8 @@ from pathlib import Path
 
 import httpx
 import psutil
+
+from tests.conftest import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 COUNTS = ("envs", "policies", "runs_active")
@@ -51,12 +52,6 @@ def nothing_changes(client: httpx.Client, *dirs: Path) -> Iterator[None]:
 
 def rss_mb(pid: int | None = None) -> float:
     return psutil.Process(pid).memory_info().rss / 2**20
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict:

@@ -13,7 +13,7 @@ import pytest
 
 from envs.crafter.actions import ACTIONS, TOOL_NAME, TOOL_SCHEMA
 from inference.fake_server import FAULT_KINDS, FakeConfig, FakeInferenceServer, _parse_fault_prob
-from inference.toy_tokenizer import encode, render_chat, token_id, tokenize
+from inference.toy_tokenizer import encode, encode_chat, render_chat, token_id, tokenize
 
 MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user", "content": "Tree ahead."}]
 
@@ -59,6 +59,7 @@ def test_response_has_vllm_shape(server: FakeInferenceServer) -> None:
         assert bytes(entry["bytes"]).decode() == entry["token"]
         assert len(entry["top_logprobs"]) == 2 and entry["top_logprobs"][0]["token"] == entry["token"]
     assert data["prompt_token_ids"] == encode(render_chat(MESSAGES, [TOOL_SCHEMA]))
+    assert encode_chat(MESSAGES, [TOOL_SCHEMA]) == encode(render_chat(MESSAGES, [TOOL_SCHEMA]))
     usage = data["usage"]
     assert usage["prompt_tokens"] == len(data["prompt_token_ids"])
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]

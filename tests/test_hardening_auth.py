@@ -97,6 +97,8 @@ def test_health_docs_and_schema_leak_nothing(keyed: httpx.Client) -> None:
     assert set(body) <= {
         "status",
         "version",
+        "instance",
+        "workers",
         "uptime_s",
         "envs",
         "policies",

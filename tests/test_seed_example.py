@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from inference.fake_server import FakeInferenceServer
+from tests.conftest import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -55,12 +55,6 @@ rollout_response = httpx.post(
 )
 trajectories = rollout_response.json()["trajectories"]
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_seed_example_verbatim(tmp_path: Path) -> None:

@@ -55,6 +55,7 @@ class CrafterEnv(Environment[CrafterConfig]):
     version = "1"
     config_model = CrafterConfig
     description = "Crafter 1.8.3 (open-world survival/crafting, 22 achievements), deterministic."
+    inline_step_max_actions = 8  # ~0.25 ms per action (tick)
 
     def __init__(self, config: CrafterConfig, seed: int | None, *, world_cache: WorldCache | None = None):
         self.config = config

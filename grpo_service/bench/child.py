@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> None:
         from grpo_service import Settings, create_app
 
         settings = Settings(_env_file=None, **json.loads(args.settings))  # type: ignore[call-arg]
+        if settings.workers != 1:
+            from grpo_service.workers import serve_workers
+
+            raise SystemExit(serve_workers(settings, sock=socket.socket(fileno=args.fd), log_level="warning"))
         _serve(create_app(settings), args.fd)
     else:
         from inference.fake_server import FakeConfig, create_fake_app

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from grpo_service.bench import inproc, served
-from grpo_service.bench.procs import ChildServer, cpu_count, pin
+from grpo_service.bench.procs import ChildServer, pin
+from grpo_service.workers import cpu_count
 
 FAKE_MODEL = "fake-model"
 LLM_LATENCY_S = 0.2
@@ -49,7 +50,7 @@ class Plan:
 
 PLANS = {
     "smoke": Plan("smoke", 1, 0.15, 1, 10, 0.4, 4, 4, 2, 2, 8, 2, 3, 2, 40, warm_episodes=1),
-    "quick": Plan("quick", 3, 1.5, 2, 100, 2.5, 16, 64, 16, 25, 128, 12, 40, 8, 1000),
+    "quick": Plan("quick", 3, 1.5, 2, 100, 2.5, 16, 64, 16, 25, 128, 30, 40, 8, 1000),
     "full": Plan("full", 5, 4.0, 4, 300, 6.0, 16, 64, 16, 60, 128, 30, 200, 30, 1000),
 }
 
@@ -61,6 +62,9 @@ class Figure:
     meaning: str
     higher_is_better: bool = True
 
+
+WORKERS_NOTE = "server: one worker process per CPU (serve --workers 0), sharing the CPUs with the harness"
+ONE_WORKER_NOTE = "one server process pinned to one CPU, the harness on the others"
 
 FIGURES: tuple[Figure, ...] = (
     Figure(
@@ -80,12 +84,13 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "http_steps_per_s",
         "steps/s",
-        "POST /env/step, one action per request, 16 keep-alive clients each on its own env; server: 1 core",
+        f"POST /env/step, one action per request, 16 keep-alive clients each on its own env; {WORKERS_NOTE}",
     ),
     Figure(
         "rollout_steps_per_s",
         "steps/s",
-        "env steps/s through /rollout/group, 64 concurrent rollouts (4 groups of 16), zero-latency fake LLM",
+        "env steps/s through /rollout/group, 64 concurrent rollouts (4 groups of 16), zero-latency "
+        f"fake LLM; {WORKERS_NOTE}",
     ),
     Figure(
         "rollout_decisions_per_s", "decisions/s", "LLM decisions/s in the same run as rollout_steps_per_s"
@@ -93,12 +98,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "rollout_traced_steps_per_s",
         "steps/s",
-        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every rollout written to SQLite)",
+        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every worker writes every rollout "
+        "to one SQLite file)",
     ),
     Figure(
         "llm_bound",
         "decisions/s",
-        "decisions/s with a fake answering in 200 ms, 128 concurrent rollouts (8 groups of 16)",
+        "decisions/s with a fake answering in 200 ms, 128 concurrent rollouts (8 groups of 16); "
+        + WORKERS_NOTE,
     ),
     Figure("llm_bound_ideal", "decisions/s", "128 rollouts / 0.2 s: the LLM's own limit"),
     Figure(
@@ -106,16 +113,9 @@ FIGURES: tuple[Figure, ...] = (
         "decisions/s",
         "the same 200 ms fake driven directly by 128 bare clients (same request): the harness's own ceiling",
     ),
-    Figure(
-        "http_steps_per_s_multiproc",
-        "steps/s",
-        "as http_steps_per_s, clients spread over one service process per CPU (all cores, shared)",
-    ),
-    Figure(
-        "rollout_steps_per_s_multiproc",
-        "steps/s",
-        "as rollout_steps_per_s, groups spread over one service process per CPU (all cores, shared)",
-    ),
+    Figure("http_steps_per_s_1worker", "steps/s", f"as http_steps_per_s; {ONE_WORKER_NOTE}"),
+    Figure("rollout_steps_per_s_1worker", "steps/s", f"as rollout_steps_per_s; {ONE_WORKER_NOTE}"),
+    Figure("llm_bound_1worker", "decisions/s", f"as llm_bound; {ONE_WORKER_NOTE}"),
     Figure("snapshot_p50_ms", "ms", "POST /env/snapshot (state encoded, signed, stored), median", False),
     Figure("snapshot_p99_ms", "ms", "POST /env/snapshot, 99th percentile", False),
     Figure("restore_p50_ms", "ms", "POST /env/restore (load, verify, decode, new live env), median", False),
@@ -126,7 +126,6 @@ FIGURES: tuple[Figure, ...] = (
     Figure("rss_per_env_kb", "KiB", "server RSS growth per live env, 1,000 envs created over HTTP", False),
 )
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
-MULTIPROC_KEYS = ("http_steps_per_s_multiproc", "rollout_steps_per_s_multiproc")
 
 
 @dataclass(frozen=True)
@@ -150,8 +149,29 @@ RATIOS: tuple[Ratio, ...] = (
 )
 RATIO_KEYS = tuple(r.key for r in RATIOS)
 
-# Not goals: they split a ratio's shortfall into what the harness costs and what we cost.
+# Not goals: they split a ratio into what more cores buy and what the harness costs.
 INFO_RATIOS: tuple[Ratio, ...] = (
+    Ratio(
+        "http_1worker_vs_inproc",
+        "http_steps_per_s_1worker",
+        "env_steps_per_s",
+        0.0,
+        "one-process HTTP step rate / in-process",
+    ),
+    Ratio(
+        "rollout_1worker_vs_inproc",
+        "rollout_steps_per_s_1worker",
+        "env_steps_per_s",
+        0.0,
+        "one-process rollout step rate / in-process",
+    ),
+    Ratio(
+        "llm_bound_1worker_efficiency",
+        "llm_bound_1worker",
+        "llm_bound_ideal",
+        0.0,
+        "one-process achieved / ideal decisions/s",
+    ),
     Ratio(
         "llm_bound_vs_fake_alone",
         "llm_bound",
@@ -160,20 +180,6 @@ INFO_RATIOS: tuple[Ratio, ...] = (
         "service decisions/s / what the fake sustains alone",
     ),
     Ratio("fake_alone_efficiency", "llm_bound_fake_alone", "llm_bound_ideal", 0.0, "fake alone / ideal"),
-    Ratio(
-        "http_multiproc_vs_inproc",
-        "http_steps_per_s_multiproc",
-        "env_steps_per_s",
-        0.0,
-        "all-cores HTTP step rate / one-core in-process",
-    ),
-    Ratio(
-        "rollout_multiproc_vs_inproc",
-        "rollout_steps_per_s_multiproc",
-        "env_steps_per_s",
-        0.0,
-        "all-cores rollout step rate / one-core in-process",
-    ),
 )
 
 
@@ -195,8 +201,8 @@ class Layout:
         if self.service is None:
             return "not pinned: service, fake LLM and load generator share all cores"
         return (
-            f"service and in-process figures pinned to CPU {sorted(self.service)}; "
-            f"fake LLM and load generator on CPU {sorted(self.harness or [])}"
+            f"one-worker service and in-process figures pinned to CPU {sorted(self.service)}; "
+            f"fake LLM and load generator (the harness) on CPU {sorted(self.harness or [])}"
         )
 
 
@@ -279,20 +285,21 @@ class Bench:
         self.servers: list[ChildServer] = []
         self.notes: list[str] = []
 
-    def _service(self, name: str, fake_url: str, **settings: Any) -> ChildServer:
-        payload = self._service_payload(name, fake_url, **settings)
-        return self._start(ChildServer("service", payload, cpus=self.layout.service, log=self._logfile(name)))
-
-    def _service_payload(self, name: str, fake_url: str, **settings: Any) -> dict[str, Any]:
-        return {
+    def _service(self, name: str, fake_url: str, *, workers: int = 1, **settings: Any) -> ChildServer:
+        """A task-app server: one process pinned to the service CPU, or ``workers=0`` (one
+        worker per CPU, unpinned, as ``serve --workers 0`` runs)."""
+        payload = {
             "state_dir": str(self.workdir / name / "state"),
             "snapshot_secret": "bench-secret-" + "x" * 32,
             "default_model": FAKE_MODEL,
             "vllm_base_url": fake_url,
             "reaper_interval_s": 3600.0,
             "inference_max_retries": 0,
+            "workers": workers,
             **settings,
         }
+        cpus = self.layout.service if workers == 1 else None
+        return self._start(ChildServer("service", payload, cpus=cpus, log=self._logfile(name)))
 
     def _fake(self, name: str, latency_s: float) -> ChildServer:
         payload = {
@@ -332,75 +339,44 @@ class Bench:
         if trace_problem:
             self.samples.skipped["rollout_traced_steps_per_s"] = trace_problem
             self.notes.append(f"rollout_traced_steps_per_s skipped: {trace_problem}")
-        self.log(f"layout: {self.layout.describe()}")
+        self.workers = cpu_count()
+        self.log(f"layout: {self.layout.describe()}; multi-worker servers: {self.workers} workers, unpinned")
         try:
             fake0 = self._fake("fake-0ms", 0.0)
             fake200 = self._fake("fake-200ms", LLM_LATENCY_S)
             for fake in (fake0, fake200):
                 fake.wait_ready()
-            svc = self._service("service", fake0.base_url)
+            one = self._service("service-1worker", fake0.base_url)
+            many = self._service("service", fake0.base_url, workers=0)
             traced = None
             if not trace_problem:
                 traced = self._service(
-                    "service-traced", fake0.base_url, trace_db=str(self.workdir / "trace.db")
+                    "service-traced", fake0.base_url, workers=0, trace_db=str(self.workdir / "trace.db")
                 )
-            # One more service per further CPU, for the "all cores" figures (shard 0 is `svc`).
-            shards = [svc, *self._extra_shards(fake0.base_url)]
-            for server in (traced, *shards):
-                if server is not None:
-                    server.wait_ready()
+            servers = [server for server in (one, many, traced) if server is not None]
+            for server in servers:
+                server.wait_ready()
             group_seeds = list(range(101, 101 + max(1, plan.llm_rollouts // plan.group_size)))
             with pinned(self.layout.harness):
-                for server in (traced, *shards):
-                    if server is not None:
-                        asyncio.run(served.warm_worlds(server.base_url, [7]))
-                        asyncio.run(served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes))
+                for server in servers:  # every worker caches the worlds it will play
+                    workers = 1 if server is one else self.workers
+                    asyncio.run(served.warm_worlds(server.base_url, [7], workers=workers))
+                    asyncio.run(
+                        served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, workers=workers)
+                    )
             for rep in range(plan.repeats):
                 self.log(f"repeat {rep + 1}/{plan.repeats}")
                 self._inproc(rep)
                 with pinned(self.layout.harness):
-                    self._served(rep, svc, traced, fake0, fake200, group_seeds)
-                    self._multiproc(shards, fake0, group_seeds)
+                    self._served(many, fake0, fake200, group_seeds, traced=traced)
+                    self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
+                    self._fake_alone(fake200)
+                    self._latencies(one)
             self.log("live-env memory (fresh server)")
             self._memory(fake0.base_url)
         finally:
             self.stop_all()
         return self._report(started)
-
-    def _extra_shards(self, fake_url: str) -> list[ChildServer]:
-        cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-        if len(cpus) < 2:
-            for key in MULTIPROC_KEYS:
-                self.samples.skipped[key] = "needs at least 2 CPUs"
-            return []
-        shards = []
-        for i, cpu in enumerate(cpus[1:], start=2):
-            server = ChildServer(
-                "service",
-                self._service_payload(f"service-{i}", fake_url),
-                cpus={cpu} if self.layout.service is not None else None,
-                log=self._logfile(f"service-{i}"),
-            )
-            shards.append(self._start(server))
-        return shards
-
-    def _multiproc(self, shards: list[ChildServer], fake0: ChildServer, group_seeds: list[int]) -> None:
-        """The same loads spread over one service process per CPU (fake and load generator
-        still share those CPUs): what more cores buy without changing the service."""
-        if len(shards) < 2:
-            return
-        plan, urls = self.plan, [s.base_url for s in shards]
-
-        def http() -> float:
-            return asyncio.run(served.http_steps_per_s(urls, plan.http_clients, plan.http_seconds, 7))
-
-        self.samples.add("http_steps_per_s_multiproc", self._timed("http_steps_per_s_multiproc", http))
-
-        run = self._timed(
-            "rollout_steps_per_s_multiproc", lambda: self._groups(urls, fake0.base_url, group_seeds)
-        )
-        self._check_run("rollout (multiproc)", run)
-        self.samples.add("rollout_steps_per_s_multiproc", run.steps_per_s)
 
     def _inproc(self, rep: int) -> None:
         plan, add = self.plan, self.samples.add
@@ -424,33 +400,36 @@ class Bench:
 
     def _served(
         self,
-        rep: int,
         svc: ChildServer,
-        traced: ChildServer | None,
         fake0: ChildServer,
         fake200: ChildServer,
         group_seeds: list[int],
+        *,
+        suffix: str = "",
+        traced: ChildServer | None = None,
     ) -> None:
+        """The HTTP, rollout and LLM-bound loads against ``svc`` (figures named with ``suffix``)."""
         plan, add = self.plan, self.samples.add
 
         def http() -> float:
             return asyncio.run(served.http_steps_per_s(svc.base_url, plan.http_clients, plan.http_seconds, 7))
 
-        add("http_steps_per_s", self._timed("http_steps_per_s", http))
+        add(f"http_steps_per_s{suffix}", self._timed(f"http_steps_per_s{suffix}", http))
 
         def rollouts(server: ChildServer) -> served.GroupRun:
             return self._groups(server.base_url, fake0.base_url, group_seeds)
 
-        run = self._timed("rollout_steps_per_s", lambda: rollouts(svc))
-        self._check_run("rollout", run)
-        add("rollout_steps_per_s", run.steps_per_s)
-        add("rollout_decisions_per_s", run.decisions_per_s)
-        self.samples.extra.setdefault("rollout_steps_per_decision", []).append(
-            run.steps / max(1, run.decisions)
-        )
+        run = self._timed(f"rollout_steps_per_s{suffix}", lambda: rollouts(svc))
+        self._check_run(f"rollout{suffix}", run)
+        add(f"rollout_steps_per_s{suffix}", run.steps_per_s)
         self.log(
             f"    {run.steps} steps, {run.decisions} decisions, {run.wall_s:.2f} s: {run.steps_per_s:.0f}/s"
         )
+        if not suffix:
+            add("rollout_decisions_per_s", run.decisions_per_s)
+            self.samples.extra.setdefault("rollout_steps_per_decision", []).append(
+                run.steps / max(1, run.decisions)
+            )
         if traced is not None:
             run = self._timed("rollout_traced_steps_per_s", lambda: rollouts(traced))
             self._check_run("rollout (traced)", run)
@@ -458,19 +437,25 @@ class Bench:
             self.log(f"    {run.steps} steps in {run.wall_s:.2f} s: {run.steps_per_s:.0f} steps/s")
 
         run = self._timed(
-            "llm_bound", lambda: self._groups(svc.base_url, fake200.base_url, group_seeds, llm_bound=True)
+            f"llm_bound{suffix}",
+            lambda: self._groups(svc.base_url, fake200.base_url, group_seeds, llm_bound=True),
         )
-        self._check_run("llm_bound", run)
-        add("llm_bound", run.decisions_per_s)
-        add("llm_bound_ideal", plan.llm_rollouts / LLM_LATENCY_S)
+        self._check_run(f"llm_bound{suffix}", run)
+        add(f"llm_bound{suffix}", run.decisions_per_s)
+        self.log(f"    {run.decisions} decisions in {run.wall_s:.2f} s: {run.decisions_per_s:.0f}/s")
+
+    def _fake_alone(self, fake200: ChildServer) -> None:
+        plan = self.plan
 
         def alone() -> float:
             body = served.crafter_request_body(FAKE_MODEL)
             return asyncio.run(served.fake_alone(fake200.base_url, body, plan.llm_rollouts, plan.llm_turns))
 
-        add("llm_bound_fake_alone", self._timed("llm_bound_fake_alone", alone))
-        self.log(f"    {run.decisions} decisions in {run.wall_s:.2f} s: {run.decisions_per_s:.0f}/s")
+        self.samples.add("llm_bound_ideal", plan.llm_rollouts / LLM_LATENCY_S)
+        self.samples.add("llm_bound_fake_alone", self._timed("llm_bound_fake_alone", alone))
 
+    def _latencies(self, svc: ChildServer) -> None:
+        plan, add = self.plan, self.samples.add
         snap = self._timed(
             "snapshot/restore", lambda: asyncio.run(served.snapshot_restore(svc.base_url, plan.snapshots, 11))
         )
@@ -483,14 +468,14 @@ class Bench:
             add(key, value)
 
     def _groups(
-        self, urls: str | list[str], inference_url: str, seeds: list[int], *, llm_bound: bool = False
+        self, url: str, inference_url: str, seeds: list[int], *, llm_bound: bool = False
     ) -> served.GroupRun:
         """One load of GRPO groups: the rollout load (zero-latency fake, terminate at episode end)
         or, with ``llm_bound``, the LLM-bound load (200 ms fake, longer-lived groups)."""
         plan = self.plan
         return asyncio.run(
             served.rollout_groups(
-                urls,
+                url,
                 inference_url=inference_url,
                 rollouts=plan.llm_rollouts if llm_bound else plan.rollouts,
                 group_size=plan.group_size,

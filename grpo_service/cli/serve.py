@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from pydantic import SecretStr
 from rich.console import Console
 
 from grpo_service.config import Settings
@@ -38,20 +37,6 @@ def build_settings(env_file: Path | None, **overrides: Any) -> Settings:
     return Settings(_env_file=env_file if env_file is not None else ".env", **given)  # type: ignore[call-arg]
 
 
-def settings_environment(settings: Settings) -> dict[str, str]:
-    """The settings as environment variables, for the child process uvicorn's reloader starts."""
-    out: dict[str, str] = {}
-    for name, value in settings.model_dump().items():
-        if value is None:
-            continue
-        if isinstance(value, SecretStr):
-            value = value.get_secret_value()
-        elif isinstance(value, bool):
-            value = "true" if value else "false"
-        out[name.upper()] = str(value)
-    return out
-
-
 def serve_command(
     host: Annotated[str | None, typer.Option(help="Bind address (default: HOST or 127.0.0.1).")] = None,
     port: Annotated[int | None, typer.Option(help="Port (default: PORT or 8000).")] = None,
@@ -76,21 +61,38 @@ def serve_command(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow a non-loopback bind without ENVIRONMENT_API_KEY.")
     ] = False,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Server processes sharing the port, 0 for one per CPU (default: WORKERS or 1). "
+            "Each owns the envs it creates; requests for another's ids are forwarded to it.",
+        ),
+    ] = None,
 ) -> None:
     """Serve the task app (FastAPI + uvicorn), with optional SQLite tracing."""
     db = trace_db_path(trace, trace_db)
     settings = build_settings(
-        env_file, host=host, port=port, trace_db=db, allow_insecure=True if insecure else None
+        env_file,
+        host=host,
+        port=port,
+        trace_db=db,
+        allow_insecure=True if insecure else None,
+        workers=workers,
     )
     if settings.trace_db is not None:
         settings.trace_db.parent.mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]Tracing[/] every rollout to [cyan]{settings.trace_db}[/]")
     console.print(f"[bold]Serving[/] on http://{settings.host}:{settings.port}  (API docs: /docs)")
+    if settings.workers != 1:
+        from grpo_service.workers import resolve_workers
+
+        console.print(f"[bold]Workers[/]: {resolve_workers(settings.workers)} processes")
     from grpo_service.server import serve
 
     if reload:
         # The reloader's child rebuilds Settings from the environment, so hand it everything.
-        os.environ.update(settings_environment(settings))
+        os.environ.update(settings.as_environment())
         serve(settings, reload=True, app_path=RELOAD_APP)
     else:
         serve(settings)

@@ -12,6 +12,7 @@ from grpo_service import __version__
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.models import Health, InferenceInfo, Limits, PluginInfo, ServiceEndpoints, ServiceInfo
+from grpo_service.registry import INSTANCE_ID
 
 router = APIRouter(tags=["service"])
 
@@ -71,6 +72,8 @@ async def health(services: ServicesDep) -> Health:
     return Health(
         status="healthy",
         version=__version__,
+        instance=INSTANCE_ID,
+        workers=max(1, len(s.worker_peers)),
         uptime_s=round(time.monotonic() - services.started_at, 3),
         envs=counts["envs"],
         policies=counts["policies"],
