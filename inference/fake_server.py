@@ -19,13 +19,14 @@ import random
 import threading
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, Self, get_args
 
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference.server_thread import ServerThread
 from inference.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
@@ -301,6 +302,24 @@ def _validate_body(body: Any, cfg: FakeConfig) -> JSONResponse | None:
     return None
 
 
+def _answer(body: dict[str, Any], cfg: FakeConfig, fault: str, number: int) -> Response:
+    """The response to a valid chat request, with ``fault`` applied."""
+    if fault == "timeout":
+        return JSONResponse(_error_body("gave up", "Timeout", 504), 504)
+    if fault == "http_429":
+        headers = {"Retry-After": f"{cfg.retry_after_s:g}"}
+        return JSONResponse(_error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
+    if fault in ("http_500", "http_503"):
+        code = int(fault[-3:])
+        return JSONResponse(_error_body(f"injected {code}", "InternalServerError", code), code)
+    completion = build_completion(body, cfg, fault, number)
+    if fault == "malformed_json":
+        return Response(json.dumps(completion)[:-7], media_type="application/json")
+    if fault == "cut_stream":
+        return _CutStreamResponse(json.dumps(completion).encode()[:64])
+    return JSONResponse(completion)
+
+
 class _CutStreamResponse(Response):
     """Promises a longer body than it sends, then returns: uvicorn closes the connection mid-body."""
 
@@ -329,6 +348,23 @@ async def _hang(request: Request, state: FakeState, seconds: float) -> None:
 # --------------------------------------------------------------------------------------------
 # The app
 # --------------------------------------------------------------------------------------------
+
+
+class _ChatFastPath:
+    """``POST /v1/chat/completions`` goes straight to its handler, skipping FastAPI's routing
+    and request machinery (about 0.1 ms of the fake's 0.35 ms a request): in the benchmark the
+    fake shares the CPUs of the service it measures. The route stays declared for the docs."""
+
+    def __init__(self, app: ASGIApp, handler: Callable[[Request], Awaitable[Response]]):
+        self.app = app
+        self.handler = handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == "/v1/chat/completions":
+            response = await self.handler(Request(scope, receive))
+            await response(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
@@ -361,25 +397,16 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         fault = state.next_fault()
 
         delay = cfg.latency_s + (random.uniform(0, cfg.latency_jitter_s) if cfg.latency_jitter_s else 0.0)
+        # The answer is built before the wait, so that many answers falling due together are
+        # not delayed behind one another's JSON encoding.
+        answer = _answer(body, cfg, fault, number)
         if delay > 0:  # counted from arrival: the fake's own work is part of its latency
             await asyncio.sleep(max(0.0, arrived + delay - time.monotonic()))
-
         if fault == "timeout":
             await _hang(request, state, cfg.timeout_fault_s)
-            return JSONResponse(_error_body("gave up", "Timeout", 504), 504)
-        if fault == "http_429":
-            headers = {"Retry-After": f"{cfg.retry_after_s:g}"}
-            return JSONResponse(_error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
-        if fault in ("http_500", "http_503"):
-            code = int(fault[-3:])
-            return JSONResponse(_error_body(f"injected {code}", "InternalServerError", code), code)
+        return answer
 
-        completion = build_completion(body, cfg, fault, number)
-        if fault == "malformed_json":
-            return Response(json.dumps(completion)[:-7], media_type="application/json")
-        if fault == "cut_stream":
-            return _CutStreamResponse(json.dumps(completion).encode()[:64])
-        return JSONResponse(completion)
+    app.add_middleware(_ChatFastPath, handler=chat_completions)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -5,58 +5,64 @@ from __future__ import annotations
 import gc
 import random
 import time
+from collections.abc import Callable
 
 N_ACTIONS = 17  # crafter's action space
 
 
-def raw_crafter_steps_per_s(seconds: float, seed: int) -> float:
-    """Stock ``crafter.Env().step`` (it renders its 64x64 frame) with random actions.
+def raw_crafter_steps_per_s(seconds: float, seeds: list[int], action_seed: int) -> float:
+    """Stock ``crafter.Env().step`` (it renders its 64x64 frame) with random actions, an equal
+    share of ``seconds`` in the world of each seed.
 
-    Only ``step`` calls are timed: a death's ``reset`` (a fresh world) is excluded.
+    Only ``step`` calls are timed: world generation and a death's ``reset`` are excluded.
     """
     import crafter
 
-    rng = random.Random(seed)
-    env = crafter.Env(seed=seed)
-    env.reset()
-    steps, busy = 0, 0.0
-    while busy < seconds:
-        batch_start = time.perf_counter()
-        done = False
-        for _ in range(50):
-            _, _, done, _ = env.step(rng.randrange(N_ACTIONS))
-            steps += 1
-            if done:
-                break
-        busy += time.perf_counter() - batch_start
-        if done:
-            env.reset()
-    return steps / busy
+    def stepper(seed: int) -> tuple[Callable[[int], bool], Callable[[], object]]:
+        env = crafter.Env(seed=seed)
+        env.reset()
+        return (lambda action: env.step(action)[2]), env.reset
+
+    return _steps_per_s(stepper, seconds, seeds, action_seed)
 
 
-def env_steps_per_s(seconds: float, seed: int) -> float:
-    """Our `CrafterEnv.step([action])` (text observation built, no pixels), random actions.
-
-    Timed like the raw figure: ``step`` calls only; a death's reset (to the same seed, so a
-    cached world) is excluded.
-    """
+def env_steps_per_s(seconds: float, seeds: list[int], action_seed: int) -> float:
+    """Our `CrafterEnv.step([action])` (text observation built, no pixels), timed like the raw
+    figure, in the same worlds (a death resets to the same seed, a cached world)."""
     from envs.crafter.env import CrafterConfig, CrafterEnv
 
-    rng = random.Random(seed)
-    env = CrafterEnv(CrafterConfig(), seed)
-    env.reset()
+    def stepper(seed: int) -> tuple[Callable[[int], bool], Callable[[], object]]:
+        env = CrafterEnv(CrafterConfig(), seed)
+        env.reset()
+        return (lambda action: env.step([action]).done), (lambda: env.reset(seed))
+
+    return _steps_per_s(stepper, seconds, seeds, action_seed)
+
+
+def _steps_per_s(
+    stepper: Callable[[int], tuple[Callable[[int], bool], Callable[[], object]]],
+    seconds: float,
+    seeds: list[int],
+    action_seed: int,
+) -> float:
+    """Random actions, ``seconds / len(seeds)`` of stepping per world; steps / stepping time."""
+    rng = random.Random(action_seed)
     steps, busy = 0, 0.0
-    while busy < seconds:
-        batch_start = time.perf_counter()
-        done = False
-        for _ in range(50):
-            done = env.step([rng.randrange(N_ACTIONS)]).done
-            steps += 1
+    for seed in seeds:
+        step, reset = stepper(seed)
+        share = 0.0
+        while share < seconds / len(seeds):
+            batch_start = time.perf_counter()
+            done = False
+            for _ in range(50):
+                done = step(rng.randrange(N_ACTIONS))
+                steps += 1
+                if done:
+                    break
+            share += time.perf_counter() - batch_start
             if done:
-                break
-        busy += time.perf_counter() - batch_start
-        if done:
-            env.reset(seed)
+                reset()
+        busy += share
     return steps / busy
 
 

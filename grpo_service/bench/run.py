@@ -50,7 +50,7 @@ class Plan:
 
 PLANS = {
     "smoke": Plan("smoke", 1, 0.15, 1, 10, 0.4, 4, 4, 2, 2, 8, 2, 3, 2, 40, warm_episodes=1),
-    "quick": Plan("quick", 3, 1.5, 2, 100, 2.5, 16, 64, 16, 25, 128, 30, 40, 8, 1000),
+    "quick": Plan("quick", 3, 1.5, 2, 100, 2.5, 16, 64, 16, 60, 128, 30, 40, 8, 1000),
     "full": Plan("full", 5, 4.0, 4, 300, 6.0, 16, 64, 16, 60, 128, 30, 200, 30, 1000),
 }
 
@@ -70,12 +70,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "raw_crafter_steps_per_s",
         "steps/s",
-        "stock crafter.Env().step, random actions, its own 64x64 rendering on; in-process, one core",
+        "stock crafter.Env().step, random actions, its own 64x64 rendering on; in-process, one core; "
+        "equal time in each world the rollouts play (seeds 101-108)",
     ),
     Figure(
         "env_steps_per_s",
         "steps/s",
-        "our CrafterEnv.step([a]), random actions, text observation built, no pixels; in-process, one core",
+        "our CrafterEnv.step([a]), random actions, text observation built, no pixels; in-process, one "
+        "core; the same worlds",
     ),
     Figure(
         "raw_reset_s", "s", "stock crafter.Env(seed).reset() of a never-seen seed (world generation)", False
@@ -366,7 +368,7 @@ class Bench:
                     )
             for rep in range(plan.repeats):
                 self.log(f"repeat {rep + 1}/{plan.repeats}")
-                self._inproc(rep)
+                self._inproc(rep, group_seeds)
                 with pinned(self.layout.harness):
                     self._served(many, fake0, fake200, group_seeds, traced=traced)
                     self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
@@ -378,18 +380,20 @@ class Bench:
             self.stop_all()
         return self._report(started)
 
-    def _inproc(self, rep: int) -> None:
+    def _inproc(self, rep: int, seeds: list[int]) -> None:
+        """Stepping figures in the worlds the rollouts play (``seeds``), actions seeded by ``rep``."""
         plan, add = self.plan, self.samples.add
         with pinned(self.layout.service):
             add(
                 "raw_crafter_steps_per_s",
                 self._timed(
-                    "raw_crafter_steps_per_s", lambda: inproc.raw_crafter_steps_per_s(plan.step_seconds, rep)
+                    "raw_crafter_steps_per_s",
+                    lambda: inproc.raw_crafter_steps_per_s(plan.step_seconds, seeds, rep),
                 ),
             )
             add(
                 "env_steps_per_s",
-                self._timed("env_steps_per_s", lambda: inproc.env_steps_per_s(plan.step_seconds, rep)),
+                self._timed("env_steps_per_s", lambda: inproc.env_steps_per_s(plan.step_seconds, seeds, rep)),
             )
             first = 1_000_000 + rep * 1000
             add("raw_reset_s", self._timed("raw_reset_s", lambda: inproc.raw_reset_s(plan.raw_resets, first)))
