@@ -128,8 +128,9 @@ class PeerForwarder:
             url += "?" + scope["query_string"].decode("latin-1")
         headers = [(k, v) for k, v in scope["headers"] if k not in _HOP_HEADERS]
         headers.append((FORWARDED_BY, self.instance.encode()))
+        request = self.client.build_request(scope["method"], url, content=body, headers=headers)
         try:
-            response = await self.client.request(scope["method"], url, content=body, headers=headers)
+            response = await self.client.send(request, stream=True)
         except httpx.ConnectError:
             if optional:
                 return False
@@ -143,10 +144,19 @@ class PeerForwarder:
             await _error(send, 503, "worker_unavailable", _unreachable(tag, type(exc).__name__))
             return True
         self.forwarded += 1
-        out = [(k, v) for k, v in response.headers.raw if k.lower() not in _HOP_HEADERS]
-        out.append((b"content-length", str(len(response.content)).encode()))
-        await send({"type": "http.response.start", "status": response.status_code, "headers": out})
-        await send({"type": "http.response.body", "body": response.content})
+        # Relayed as it arrives (a group's answer is megabytes): no second copy, no added wait.
+        try:
+            out = [
+                (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_HEADERS - {b"content-length"}
+            ]
+            await send({"type": "http.response.start", "status": response.status_code, "headers": out})
+            async for chunk in response.aiter_raw():
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b""})
+        except httpx.TransportError:
+            pass  # the owner went away mid-answer: the client sees a cut response, as from the owner
+        finally:
+            await response.aclose()
         return True
 
     def placement(self, scope: Scope, body: bytes) -> tuple[int, int] | None:

@@ -146,9 +146,9 @@ class Table(Generic[H]):
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
-    def reserve(self) -> None:
-        """Raise `CapacityExceeded` (429) if one more entry would not fit."""
-        if len(self._items) >= self.capacity:
+    def reserve(self, count: int = 1) -> None:
+        """Raise `CapacityExceeded` (429) if ``count`` more entries would not fit."""
+        if len(self._items) + count > self.capacity:
             raise CapacityExceeded(
                 f"{self.what} capacity reached ({self.capacity} live); terminate some or retry later",
                 headers={"Retry-After": "1"},

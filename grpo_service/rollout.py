@@ -596,21 +596,14 @@ class RolloutCoordinator:
         return response
 
     async def _group_start_envs(self, req: RolloutGroupRequest) -> list[EnvHandle]:
-        """G identical starting envs: one is built (or restored), the others are exact copies."""
+        """G identical starting envs: G resets of one seed, or G restores of one snapshot."""
         spec = req.env
         if spec.snapshot_id is not None:
-            template = await self.envs.restore(spec.snapshot_id)
-        else:
-            assert spec.env_name is not None
-            template = await self.envs.create(spec.env_name, spec.config, spec.seed, req.rl_run_id)
-        try:
-            if req.group_size == 1:
-                return [template]
-            copies = await self.envs.fork(template, req.group_size - 1, template.parent_snapshot_id)
-            return [template, *copies]
-        except BaseException:
-            await self.envs.discard(template)
-            raise
+            return await self.envs.restore_many(spec.snapshot_id, req.group_size)
+        assert spec.env_name is not None
+        return await self.envs.create_many(
+            spec.env_name, spec.config, spec.seed, req.rl_run_id, req.group_size
+        )
 
 
 def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) -> RolloutRequest:

@@ -116,6 +116,25 @@ def test_run_slots_and_group_size_are_capped(start_server: Callable[..., ServerT
             assert client.post("/rollout/group", json={**body, "group_size": 2}).status_code == 200
 
 
+def test_a_group_larger_than_the_free_env_slots_creates_nothing(
+    start_server: Callable[..., ServerThread],
+) -> None:
+    server = start_server(max_envs=5)
+    body = {"env": {"env_name": "crafter", "seed": 2}, "policy": {"policy_name": "crafter-random"}}
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        env_id = client.post("/env/create", json={"env_name": "crafter"}).json()["env_id"]
+        assert_error(
+            client.post("/rollout/group", json={**body, "group_size": 5, "max_turns": 2}),
+            429,
+            "capacity_exceeded",
+        )
+        assert counts(client)["envs"] == 1  # nothing half-built
+        r = client.post("/rollout/group", json={**body, "group_size": 4, "max_turns": 2})
+        assert r.status_code == 200, r.text
+        assert counts(client)["envs"] == 1  # the group's envs end with it
+        assert client.post("/env/terminate", json={"env_id": env_id}).json()["ok"] is True
+
+
 def test_concurrent_rollouts_never_see_each_others_data(
     start_server: Callable[..., ServerThread], tmp_path: Path
 ) -> None:
