@@ -286,6 +286,7 @@ class Bench:
         self.samples = Samples()
         self.servers: list[ChildServer] = []
         self.notes: list[str] = []
+        self.workers = cpu_count()  # workers of each multi-worker server (serve --workers 0)
 
     def _service(self, name: str, fake_url: str, *, workers: int = 1, **settings: Any) -> ChildServer:
         """A task-app server: one process pinned to the service CPU, or ``workers=0`` (one
@@ -341,7 +342,6 @@ class Bench:
         if trace_problem:
             self.samples.skipped["rollout_traced_steps_per_s"] = trace_problem
             self.notes.append(f"rollout_traced_steps_per_s skipped: {trace_problem}")
-        self.workers = cpu_count()
         self.log(f"layout: {self.layout.describe()}; multi-worker servers: {self.workers} workers, unpinned")
         try:
             fake0 = self._fake("fake-0ms", 0.0)
@@ -586,6 +586,7 @@ class Bench:
                 "fake_actions_per_call": list(self.plan.actions_per_call),
                 "rollout_steps_per_decision": statistics.median(spd) if spd else None,
                 "load_generator": "this process, asyncio + raw HTTP/1.1 keep-alive sockets",
+                "multi_worker_servers": f"{self.workers} workers each (serve --workers 0), unpinned",
                 "http_request": '{"env_id": ..., "action": "<random name>"}; full response parsed',
                 "statistic": "median over repeats; spread = [min, max]; ratios = median of per-repeat ratios",
             },
