@@ -12,7 +12,7 @@ def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app
     check_bind_safety(settings.host, settings.environment_api_key is not None, settings.allow_insecure)
     if settings.workers != 1:
         if reload:
-            raise ValueError("--reload serves one process: it cannot be combined with --workers")
+            raise SystemExit("--reload serves one process: it cannot be combined with --workers")
         from grpo_service.workers import serve_workers
 
         raise SystemExit(serve_workers(settings))

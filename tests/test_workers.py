@@ -245,3 +245,15 @@ def test_worker_loads_prefer_this_worker_on_a_tie(tmp_path: Path) -> None:
     assert (restarted.load(0), restarted.load(1)) == (0, 0)
     for loads in (mine, theirs, restarted):
         loads.close()
+
+
+def test_workers_setting_and_reload_do_not_mix(tmp_path: Path) -> None:
+    from grpo_service.config import Settings
+    from grpo_service.server import serve as serve_settings
+    from grpo_service.workers import cpu_count, resolve_workers
+
+    assert resolve_workers(0) == cpu_count() >= 1
+    assert resolve_workers(3) == 3
+    settings = Settings(_env_file=None, workers=2, state_dir=tmp_path)  # type: ignore[call-arg]
+    with pytest.raises(SystemExit, match="--reload serves one process"):
+        serve_settings(settings, reload=True)

@@ -366,6 +366,7 @@ class Bench:
                     asyncio.run(
                         served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, workers=workers)
                     )
+                    self._warm_up_groups(server, (fake0, fake200), group_seeds)
             for rep in range(plan.repeats):
                 self.log(f"repeat {rep + 1}/{plan.repeats}")
                 self._inproc(rep, group_seeds)
@@ -379,6 +380,23 @@ class Bench:
         finally:
             self.stop_all()
         return self._report(started)
+
+    def _warm_up_groups(self, server: ChildServer, fakes: tuple[ChildServer, ...], seeds: list[int]) -> None:
+        """A short untimed group load per fake: each worker builds its inference client for
+        that URL (an SSL context, 20-40 ms) and the fake fills its caches before any timing."""
+        plan = self.plan
+        for fake in fakes:
+            asyncio.run(
+                served.rollout_groups(
+                    server.base_url,
+                    inference_url=fake.base_url,
+                    rollouts=plan.llm_rollouts,
+                    group_size=plan.group_size,
+                    turns=2,
+                    seeds=seeds,
+                    on_done="reset",
+                )
+            )
 
     def _inproc(self, rep: int, seeds: list[int]) -> None:
         """Stepping figures in the worlds the rollouts play (``seeds``), actions seeded by ``rep``."""
@@ -420,25 +438,24 @@ class Bench:
 
         add(f"http_steps_per_s{suffix}", self._timed(f"http_steps_per_s{suffix}", http))
 
-        def rollouts(server: ChildServer) -> served.GroupRun:
-            return self._groups(server.base_url, fake0.base_url, group_seeds)
+        def rollouts(key: str, server: ChildServer) -> None:
+            run = self._timed(key, lambda: self._groups(server.base_url, fake0.base_url, group_seeds))
+            self._check_run(key, run)
+            add(key, run.steps_per_s)
+            self.log(f"    {run.steps} steps, {run.decisions} decisions in {run.wall_s:.2f} s")
+            if key == "rollout_steps_per_s":
+                add("rollout_decisions_per_s", run.decisions_per_s)
+                self.samples.extra.setdefault("rollout_steps_per_decision", []).append(
+                    run.steps / max(1, run.decisions)
+                )
 
-        run = self._timed(f"rollout_steps_per_s{suffix}", lambda: rollouts(svc))
-        self._check_run(f"rollout{suffix}", run)
-        add(f"rollout_steps_per_s{suffix}", run.steps_per_s)
-        self.log(
-            f"    {run.steps} steps, {run.decisions} decisions, {run.wall_s:.2f} s: {run.steps_per_s:.0f}/s"
-        )
-        if not suffix:
-            add("rollout_decisions_per_s", run.decisions_per_s)
-            self.samples.extra.setdefault("rollout_steps_per_decision", []).append(
-                run.steps / max(1, run.decisions)
-            )
-        if traced is not None:
-            run = self._timed("rollout_traced_steps_per_s", lambda: rollouts(traced))
-            self._check_run("rollout (traced)", run)
-            add("rollout_traced_steps_per_s", run.steps_per_s)
-            self.log(f"    {run.steps} steps in {run.wall_s:.2f} s: {run.steps_per_s:.0f} steps/s")
+        loads = [(f"rollout_steps_per_s{suffix}", svc)]
+        if traced is not None:  # traced and untraced alternate which goes first (ABBA order)
+            loads.append(("rollout_traced_steps_per_s", traced))
+            if len(self.samples.values.get("rollout_traced_steps_per_s", [])) % 2:
+                loads.reverse()
+        for key, server in loads:
+            rollouts(key, server)
 
         run = self._timed(
             f"llm_bound{suffix}",
