@@ -1,7 +1,7 @@
 """Forwarding a request to the worker that owns the ids it names (``serve --workers N``).
 
 Each worker process owns the envs, policies and runs it created, and their ids start with its
-instance tag (`grpo_service.registry`). All workers accept connections on one shared port, so a
+instance tag (`grpo_service.registry`). All workers accept connections on one port, so a
 request can land on a worker that does not own the ids it names. `PeerRouter` looks for
 instance-tagged ids in the request (exact JSON strings in the body, segments of the path); when
 they all belong to one sibling worker it sends the request to that sibling over loopback and
@@ -33,10 +33,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 FORWARDED_BY = b"x-grpo-forwarded-by"
 _ID_IN_BODY = re.compile(rb'"([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?"')
 _ID_IN_PATH = re.compile(r"/([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?(?=/|$)")
-# Not passed on: they describe one hop, not the request.
+# Not passed on: they describe one hop, not the request (an answer keeps its content-length).
 _HOP_HEADERS = frozenset(
     {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"te"}
 )
+_ANSWER_HOP_HEADERS = _HOP_HEADERS - {b"content-length"}
 
 
 # Synchronous rollouts that create what they play: any worker can run them.
@@ -97,7 +98,6 @@ class PeerForwarder:
             else None
         )
         self._client: httpx.AsyncClient | None = None
-        self.forwarded = 0
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -143,12 +143,9 @@ class PeerForwarder:
         except httpx.TransportError as exc:
             await _error(send, 503, "worker_unavailable", _unreachable(tag, type(exc).__name__))
             return True
-        self.forwarded += 1
         # Relayed as it arrives (a group's answer is megabytes): no second copy, no added wait.
         try:
-            out = [
-                (k, v) for k, v in response.headers.raw if k.lower() not in _HOP_HEADERS - {b"content-length"}
-            ]
+            out = [(k, v) for k, v in response.headers.raw if k.lower() not in _ANSWER_HOP_HEADERS]
             await send({"type": "http.response.start", "status": response.status_code, "headers": out})
             async for chunk in response.aiter_raw():
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
