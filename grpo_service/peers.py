@@ -30,9 +30,11 @@ from pathlib import Path
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grpo_service.registry import TAGGED_ID_PATTERN
+
 FORWARDED_BY = b"x-grpo-forwarded-by"
-_ID_IN_BODY = re.compile(rb'"([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?"')
-_ID_IN_PATH = re.compile(r"/([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?(?=/|$)")
+_ID_IN_BODY = re.compile(f'"{TAGGED_ID_PATTERN}"'.encode())  # a whole JSON string
+_ID_IN_PATH = re.compile(f"/{TAGGED_ID_PATTERN}(?=/|$)")  # a whole path segment
 # Not passed on: they describe one hop, not the request (an answer keeps its content-length).
 _HOP_HEADERS = frozenset(
     {b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding", b"upgrade", b"te"}

@@ -27,8 +27,9 @@ from grpo_service.errors import CapacityExceeded, NotFound, WrongInstance
 # (`grpo_service.peers`). The worker supervisor chooses each worker's tag (GRPO_INSTANCE_ID).
 INSTANCE_ENV_VAR = "GRPO_INSTANCE_ID"
 INSTANCE_TAG = re.compile(r"^[0-9a-f]{8}$")
-# A group member's run id is its group's id plus ".{index}".
-TAGGED_ID = re.compile(r"^([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?$")
+# An issued id, its instance tag captured; a group member's run id is its group's id + ".{index}".
+TAGGED_ID_PATTERN = r"([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?"
+TAGGED_ID = re.compile(f"^{TAGGED_ID_PATTERN}$")
 
 
 def _instance_id() -> str:
