@@ -535,6 +535,12 @@ class Bench:
 
     # ------------------------------------------------------------------------------ report
 
+    def _per_repeat(self, ratio: Ratio) -> list[float]:
+        """The ratio in each repeat, numerator and denominator from the same repeat."""
+        num = self.samples.values.get(ratio.numerator, [])
+        den = self.samples.values.get(ratio.denominator, [])
+        return [n / d for n, d in zip(num, den, strict=False) if d]
+
     def _report(self, started: float) -> dict[str, Any]:
         figures: dict[str, Any] = {}
         for fig in FIGURES:
@@ -554,9 +560,7 @@ class Bench:
             figures[fig.key] = entry
         ratios: dict[str, Any] = {}
         for ratio in RATIOS:
-            num = self.samples.values.get(ratio.numerator, [])
-            den = self.samples.values.get(ratio.denominator, [])
-            per_repeat = [n / d for n, d in zip(num, den, strict=False) if d]
+            per_repeat = self._per_repeat(ratio)
             entry = {
                 "numerator": ratio.numerator,
                 "denominator": ratio.denominator,
@@ -579,9 +583,7 @@ class Bench:
             ratios[ratio.key] = entry
         info: dict[str, Any] = {}
         for ratio in INFO_RATIOS:
-            num = self.samples.values.get(ratio.numerator, [])
-            den = self.samples.values.get(ratio.denominator, [])
-            per_repeat = [n / d for n, d in zip(num, den, strict=False) if d]
+            per_repeat = self._per_repeat(ratio)
             info[ratio.key] = {
                 "numerator": ratio.numerator,
                 "denominator": ratio.denominator,
