@@ -25,7 +25,7 @@ from grpo_service.peers import PeerForwarder, PeerRouter
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator, TraceSink
-from grpo_service.routes import env, meta, policy, rollout
+from grpo_service.routes import env, meta, policy, rollout, training
 from grpo_service.snapshots import SnapshotService, load_signing_key
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
@@ -109,6 +109,10 @@ def create_app(
 
         tracer = TraceWriter(settings.trace_db, queue_size=settings.trace_queue_size)
     services = build_services(settings, store, tracer)
+    if settings.training_enabled:
+        from grpo_service.training_service import TrainingService
+
+        services.training = TrainingService.from_settings(settings)
     forwarder = (
         PeerForwarder(
             INSTANCE_ID,
@@ -133,6 +137,8 @@ def create_app(
             for run in services.registry.runs:
                 run.abort.set()
             await services.client_pool.aclose()
+            if services.training is not None:
+                await asyncio.to_thread(services.training.close)
             if forwarder is not None:
                 await forwarder.aclose()
             if tracer is not None and hasattr(tracer, "close"):
@@ -149,6 +155,8 @@ def create_app(
     install_error_handlers(app)
     for module in (meta, env, policy, rollout):
         app.include_router(module.router, responses=ERROR_RESPONSES)
+    if settings.training_enabled:
+        app.include_router(training.router, responses=ERROR_RESPONSES)
     document_security(app)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
     if forwarder is not None:  # outside CORS: a relayed answer already has the owner's headers

@@ -75,6 +75,18 @@ class Settings(BaseSettings):
         description="Finished rollouts waiting for the trace writer; beyond it they are dropped and counted.",
     )
 
+    training_enabled: bool = Field(
+        default=True,
+        description="Serve the training job API (seed 004): /train, /training/*, /inference, /models.",
+    )
+    training_max_jobs: int = Field(default=2, ge=1, description="Training jobs running at once; 429 beyond.")
+    training_max_wall_time_s: float = Field(
+        default=3_600.0, gt=0, description="Longest a training job may run; it stops (saving) at this limit."
+    )
+    training_max_finished_jobs: int = Field(default=1_000, ge=1, description="Finished jobs remembered.")
+    training_threads_per_job: int = Field(default=1, ge=1, le=64, description="torch threads of each job.")
+    training_max_loaded_models: int = Field(default=64, ge=1, description="Policies cached in memory.")
+
     def as_environment(self) -> dict[str, str]:
         """The settings as environment variables, for a child process that rebuilds them
         (uvicorn's reloader, the worker supervisor's workers)."""

@@ -26,6 +26,8 @@ class Services:
     coordinator: RolloutCoordinator
     tracer: Any = None
     client_pool: Any = None
+    training: Any = None
+    """`TrainingService` when the training API is on (settings.training_enabled)."""
     started_at: float = field(default_factory=time.monotonic)
 
 

@@ -130,6 +130,11 @@ class Health(BaseModel):
         default=None,
         description="Trace writer counters (written, dropped, failed, queued) when tracing is on.",
     )
+    timestamp: str = Field(
+        default="", description="Now, ISO 8601 UTC.", examples=["2026-11-23T10:00:00+00:00"]
+    )
+    active_jobs: int = Field(default=0, description="Training jobs pending or running.")
+    loaded_models: int = Field(default=0, description="Trained models cached in memory for /inference.")
 
 
 # ------------------------------------------------------------------------------------- env

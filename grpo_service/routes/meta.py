@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 from fastapi import APIRouter, Depends
@@ -68,7 +69,7 @@ async def info(services: ServicesDep) -> ServiceInfo:
 @router.get("/health", response_model=Health)
 async def health(services: ServicesDep) -> Health:
     """Liveness and load. Open without a key, and carries no secrets."""
-    s, counts = services.settings, services.registry.counts()
+    s, counts, training = services.settings, services.registry.counts(), services.training
     return Health(
         status="healthy",
         version=__version__,
@@ -84,6 +85,9 @@ async def health(services: ServicesDep) -> Health:
             "max_active_runs": s.max_active_runs,
         },
         tracing=_tracing_counts(services.tracer),
+        timestamp=datetime.now(UTC).isoformat(timespec="seconds"),
+        active_jobs=len(training.runner.active()) if training else 0,
+        loaded_models=training.models.loaded_count() if training else 0,
     )
 
 
