@@ -181,3 +181,24 @@ def test_a_crashing_job_is_failed_with_its_message(tmp_path: Path) -> None:
         assert again.get(job.job_id).status == "failed"
     finally:
         again.close()
+
+
+def test_cli_train_then_jobs(tmp_path: Path, start_server: Callable[..., ServerThread]) -> None:
+    from typer.testing import CliRunner
+
+    from grpo_service.cli import app
+
+    models = tmp_path / "models"
+    args = ["train", "--type", "gymnasium", "--env", "CartPole-v1", "--timesteps", "1500", "--lr", "0.01"]
+    args += ["--epochs", "2", "--set", "n_steps=16", "--models-dir", str(models), "--model-name", "cli"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "completed" in result.output and (models / "cli.zip").exists() and (models / "cli.png").exists()
+    assert MLPPolicy.load(models / "cli.zip").meta["config"]["n_steps"] == 16
+    again = CliRunner().invoke(app, args)
+    assert again.exit_code == 2 and "exists" in again.output
+    bad = CliRunner().invoke(app, ["train", "--env", "Nope-v0", "--models-dir", str(models)])
+    assert bad.exit_code == 2 and "env_name" in bad.output
+    server = start_server()
+    listed = CliRunner().invoke(app, ["jobs", "--base-url", server.base_url, "--json"])
+    assert listed.exit_code == 0 and '"jobs": []' in listed.output

@@ -69,6 +69,10 @@ def render_table(report: dict[str, Any], console: Console) -> None:
 
 
 def bench_main(
+    section: Annotated[
+        str | None,
+        typer.Argument(help="`train`: our GRPO against SB3's PPO on CartPole (grpo_service/bench/train.py)."),
+    ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="3 short repeats (under 4 minutes on 2 cores).")
     ] = False,
@@ -89,6 +93,18 @@ def bench_main(
     """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
+    if section == "train":
+        from grpo_service.bench.train import render_train_report, run_train_bench
+
+        train_report = run_train_bench(mode, log=lambda s: console.print(s, style="dim", highlight=False))
+        render_train_report(train_report, console)
+        if json_path is not None:
+            json_path.write_text(json.dumps(train_report, indent=2) + "\n")
+            console.print(f"wrote {json_path}")
+        return
+    if section is not None:
+        console.print(f"[red]unknown bench section {section!r}[/]: the only one is 'train'")
+        raise typer.Exit(2)
     report = run_bench(mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False))
     render_table(report, console)
     if json_path is not None:

@@ -18,6 +18,7 @@ from grpo_service.cli.export import export_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
 from grpo_service.cli.traces import traces_command
+from grpo_service.cli.train import jobs_command, train_command
 
 app = typer.Typer(
     name="grpo-service",
@@ -32,6 +33,8 @@ app.command("rollout")(rollout_command)
 app.command("eval")(eval_command)
 app.command("export-sft")(export_command)
 app.command("traces")(traces_command)
+app.command("train")(train_command)
+app.command("jobs")(jobs_command)
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:

@@ -181,6 +181,7 @@ def train_gym(config: GymTrainConfig, ctx: TrainContext) -> dict[str, Any]:
     try:
         save("training")
         while timesteps < config.total_timesteps:
+            update_started = time.monotonic()
             policy = net.to_policy(obs_dim, n_actions, meta)
             seeds = []
             for _ in range(config.groups_per_update):
@@ -194,14 +195,15 @@ def train_gym(config: GymTrainConfig, ctx: TrainContext) -> dict[str, Any]:
             stats = update(net, reference, optimizer, batch, config, reward, ctx)
             updates += 1
             episodes += len(batch)
-            timesteps += sum(ep.length for ep in batch)
+            new_steps = sum(ep.length for ep in batch)
+            timesteps += new_steps
             recent.extend(float(ep.env_rewards.sum()) for ep in batch)
             elapsed = time.monotonic() - ctx.started
             metrics = {
                 "timesteps": timesteps,
                 "episodes": episodes,
                 "elapsed_s": round(elapsed, 3),
-                "steps_per_s": round(timesteps / max(elapsed, 1e-9), 1),
+                "steps_per_s": round(new_steps / max(time.monotonic() - update_started, 1e-9), 1),
                 "mean_episode_return": float(np.mean(recent)),
                 "mean_episode_length": float(np.mean([ep.length for ep in batch])),
                 **stats,
