@@ -1,4 +1,4 @@
-"""`grpo-service bench train --smoke`: runs both trainers briefly and writes its report (no timing asserts)."""
+"""`grpo-service bench train --smoke`: both trainers run briefly, the report is written (no timing)."""
 
 from __future__ import annotations
 
