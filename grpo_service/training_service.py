@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import training.job_types  # noqa: F401  (registers the job types)
 from grpo_service.config import Settings
+from grpo_service.registry import new_instance_id
 from training.jobs import JobRunner
 from training.model_store import ModelStore
 
@@ -26,6 +27,7 @@ class TrainingService:
             max_finished=settings.training_max_finished_jobs,
             threads_per_job=settings.training_threads_per_job,
             model_exists=models.exists,
+            new_job_id=new_instance_id,  # `serve --workers`: a job's requests reach its worker
         )
         return cls(runner, models)
 

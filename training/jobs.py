@@ -19,6 +19,7 @@ import threading
 import time
 import traceback
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -176,7 +177,8 @@ class JobRunner:
         max_wall_time_s: float = 3600.0,
         max_finished: int = 1000,
         threads_per_job: int = 1,
-        model_exists: Any = None,
+        model_exists: Callable[[str], bool] | None = None,
+        new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
     ) -> None:
         self.models_dir = models_dir
         self.jobs_dir = jobs_dir
@@ -185,6 +187,7 @@ class JobRunner:
         self.max_finished = max_finished
         self.threads_per_job = threads_per_job
         self.model_exists = model_exists or (lambda name: (models_dir / f"{name}.zip").exists())
+        self.new_job_id = new_job_id
         self.jobs: dict[str, Job] = {}
         self._lock = threading.RLock()
         self._mp = multiprocessing.get_context("spawn")
@@ -218,8 +221,8 @@ class JobRunner:
 
     def submit(self, job_type: JobType, config: BaseModel, *, wall_time_s: float | None = None) -> Job:
         """Start a job (config already validated). The config's ``model_name`` is filled in."""
-        job_id = uuid.uuid4().hex
-        name = getattr(config, "model_name", None) or f"grpo_model_{job_id[:12]}"
+        job_id = self.new_job_id()
+        name = getattr(config, "model_name", None) or f"grpo_model_{job_id[-12:]}"
         config = config.model_copy(update={"model_name": name})
         overwrite = bool(getattr(config, "overwrite", False))
         limit = self.max_wall_time_s

@@ -156,6 +156,11 @@ def run_train_bench(mode: str = "quick", log: Callable[[str], None] = print) -> 
 
     import training.gym.trainer  # noqa: F401  (imported before any clock starts)
 
+    warm = torch.nn.Linear(1, 1)  # the first optimizer step imports torch._dynamo (seconds): not timed
+    optimizer = torch.optim.Adam(warm.parameters())
+    warm(torch.ones(1)).sum().backward()
+    optimizer.step()
+
     settings = MODES[mode]
     runs: list[dict[str, Any]] = []
     started = time.perf_counter()
