@@ -85,6 +85,11 @@ class Settings(BaseSettings):
     )
     training_max_finished_jobs: int = Field(default=1_000, ge=1, description="Finished jobs remembered.")
     training_threads_per_job: int = Field(default=1, ge=1, le=64, description="torch threads of each job.")
+    training_plugins: list[str] = Field(
+        default_factory=list,
+        description="Modules imported by the service and by every job process before training: "
+        "they register your reward functions (training.gym.rewards.register_reward) or job types.",
+    )
     training_max_loaded_models: int = Field(default=64, ge=1, description="Policies cached in memory.")
 
     def as_environment(self) -> dict[str, str]:
@@ -98,7 +103,7 @@ class Settings(BaseSettings):
                 value = value.get_secret_value()
             elif isinstance(value, bool):
                 value = "true" if value else "false"
-            elif isinstance(value, dict):
+            elif isinstance(value, dict | list):
                 value = json.dumps(value)
             out[name.upper()] = str(value)
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
 import training.job_types  # noqa: F401  (registers the job types)
@@ -18,6 +19,8 @@ class TrainingService:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> TrainingService:
+        for module in settings.training_plugins:
+            importlib.import_module(module)
         models = ModelStore(settings.state_dir / "models", max_loaded=settings.training_max_loaded_models)
         runner = JobRunner(
             models.models_dir,
@@ -27,6 +30,7 @@ class TrainingService:
             max_finished=settings.training_max_finished_jobs,
             threads_per_job=settings.training_threads_per_job,
             model_exists=models.exists,
+            plugins=tuple(settings.training_plugins),
             new_job_id=new_instance_id,  # `serve --workers`: a job's requests reach its worker
         )
         return cls(runner, models)

@@ -33,8 +33,8 @@ def wait_for(client: httpx.Client, job_id: str, until: Callable[[dict[str, Any]]
 
 @pytest.fixture
 def api(start_server: Callable[..., ServerThread], tmp_path: Path):
-    server = start_server(training_max_jobs=1)
-    with httpx.Client(base_url=server.base_url, timeout=30) as c:
+    server = start_server(training_max_jobs=1, training_plugins=["tests.training_plugin"])
+    with httpx.Client(base_url=server.base_url, timeout=90) as c:  # POST /train waits for the job
         yield c, tmp_path / "state" / "models"
 
 
@@ -84,7 +84,9 @@ def test_stop_within_a_second_keeps_the_checkpoint_and_jobs_are_bounded(
     api: tuple[httpx.Client, Path],
 ) -> None:
     client, models = api
-    r = client.post("/train", json={**SHORT, "total_timesteps": 1_000_000, "model_name": "long"})
+    # A reward function of the user's own, registered by a module named in TRAINING_PLUGINS.
+    long = {**SHORT, "total_timesteps": 1_000_000, "model_name": "long", "reward_function_type": "centred"}
+    r = client.post("/train", json=long)
     job_id = r.json()["job_id"]
     status, _ = wait_for(
         client, job_id, lambda s: s["metrics"].get("updates", 0) >= 2 or s["status"] == "failed"

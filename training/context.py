@@ -15,7 +15,8 @@ class TrainContext:
     """Where the model zip, its metrics (JSONL) and its curves (PNG) are written."""
     model_name: str
     report: Callable[[int, int, dict[str, float]], None] = lambda current, total, metrics: None
-    """Called after every update: (current timesteps, total timesteps, metrics)."""
+    """Called once the first checkpoint is saved, then after every update: (current timesteps,
+    total timesteps, metrics)."""
     should_stop: Callable[[], bool] = lambda: False
     """Polled often (at least every few milliseconds of training); True ends the run, saving first."""
     deadline: float | None = None

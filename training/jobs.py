@@ -100,6 +100,8 @@ class Job:
     conn: Any = field(default=None, repr=False)
     stop_event: Any = field(default=None, repr=False)
     deadline: float = field(default=0.0, repr=False)
+    ready: threading.Event = field(default_factory=threading.Event, repr=False)
+    """Set once the job reported its first progress (its model file exists) or ended."""
 
     def record(self) -> dict[str, Any]:
         return {
@@ -129,6 +131,8 @@ def _job_main(
     try:
         threads = int(ctx_args.pop("threads", 1))
         os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        for module in ctx_args.pop("plugins", ()):  # e.g. the user's reward functions
+            importlib.import_module(module)
         fn = load_target(target)
         model_cls = load_target(config_model)
         cfg = model_cls.model_validate(config)
@@ -179,6 +183,7 @@ class JobRunner:
         threads_per_job: int = 1,
         model_exists: Callable[[str], bool] | None = None,
         new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        plugins: tuple[str, ...] = (),
     ) -> None:
         self.models_dir = models_dir
         self.jobs_dir = jobs_dir
@@ -188,14 +193,15 @@ class JobRunner:
         self.threads_per_job = threads_per_job
         self.model_exists = model_exists or (lambda name: (models_dir / f"{name}.zip").exists())
         self.new_job_id = new_job_id
+        self.plugins = plugins
+        """Modules every job process imports first (they register reward functions, job types)."""
         self.jobs: dict[str, Job] = {}
         self._lock = threading.RLock()
         self._mp = multiprocessing.get_context("spawn")
         self._closed = threading.Event()
         self._wake_r, self._wake_w = self._mp.Pipe(duplex=False)
+        self._watcher: threading.Thread | None = None  # started with the first job
         self._load_records()
-        self._watcher = threading.Thread(target=self._watch, name="training-jobs", daemon=True)
-        self._watcher.start()
 
     # ------------------------------------------------------------------------------ queries
 
@@ -255,6 +261,7 @@ class JobRunner:
                 "model_name": name,
                 "wall_time_s": wall,
                 "threads": self.threads_per_job,
+                "plugins": list(self.plugins),
             }
             job.process = self._mp.Process(
                 target=_job_main,
@@ -263,6 +270,9 @@ class JobRunner:
                 daemon=True,
             )
             self.models_dir.mkdir(parents=True, exist_ok=True)
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="training-jobs", daemon=True)
+                self._watcher.start()
             job.process.start()
             child_conn.close()
             self.jobs[job_id] = job
@@ -270,6 +280,10 @@ class JobRunner:
             self._prune()
         self._wake()
         return job
+
+    def wait_ready(self, job: Job, timeout_s: float) -> bool:
+        """Wait until the job has saved its first checkpoint (or ended); False on timeout."""
+        return job.ready.wait(timeout_s)
 
     def stop(self, job_id: str, grace_s: float = STOP_GRACE_S) -> Job:
         """Ask the job to stop; it saves and exits, or is terminated after ``grace_s``. Blocking
@@ -295,7 +309,10 @@ class JobRunner:
         for job in self.active():
             self.stop(job.job_id, grace_s=0.5)
         self._wake()
-        self._watcher.join(2.0)
+        if self._watcher is not None:
+            self._watcher.join(2.0)
+        self._wake_r.close()
+        self._wake_w.close()
 
     # ------------------------------------------------------------------------------ internals
 
@@ -355,6 +372,7 @@ class JobRunner:
             elif kind == "progress":
                 _, current, total, metrics = message
                 job.status = "running"
+                job.ready.set()
                 job.current_timesteps, job.total_timesteps = int(current), int(total)
                 job.progress = min(1.0, current / total) if total else 0.0
                 job.metrics = dict(metrics)
@@ -381,6 +399,7 @@ class JobRunner:
             job.end_time = now_iso()
             job.error_message = error
             job.end_reason = end_reason or ("error" if status == "failed" else status)
+            job.ready.set()
             self._persist(job)
 
     def _persist(self, job: Job) -> None:

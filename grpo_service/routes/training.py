@@ -49,6 +49,8 @@ TRAINING_ENDPOINTS = {
     "health": "GET /health",
 }
 TrainRequest = train_request_type()
+START_TIMEOUT_S = 60.0
+"""POST /train answers when the job process has saved its first checkpoint, or after this."""
 JobId = Annotated[str, Path(max_length=64, description="A job id from POST /train.")]
 ModelNamePath = Annotated[str, Path(max_length=128, description="A saved model's name.")]
 
@@ -87,7 +89,8 @@ async def root() -> RootResponse:
 @router.post("/train", response_model=TrainResponse, status_code=200)
 async def train(config: Annotated[TrainRequest, Body()], training: TrainingDep) -> TrainResponse:
     """Start a training job in its own process. Every field is optional (seed 004's defaults);
-    ``type`` picks the job type (``gymnasium``: GRPO of an MLP policy on a gymnasium env)."""
+    ``type`` picks the job type (``gymnasium``: GRPO of an MLP policy on a gymnasium env). Answers
+    once the job runs and has saved its initial model (a few seconds: the process imports torch)."""
     if importlib.util.find_spec("torch") is None:
         raise TrainingUnavailable(
             "training needs torch: install the train extra (pip install 'grpo-service[train]')"
@@ -99,6 +102,8 @@ async def train(config: Annotated[TrainRequest, Body()], training: TrainingDep) 
         raise CapacityExceeded(str(exc), code="too_many_jobs", headers={"Retry-After": "5"}) from None
     except ModelNameTaken as exc:
         raise Conflict(str(exc), code="model_exists") from None
+    # Answer once the job runs and its model file exists (the seed's example asks /inference next).
+    await asyncio.to_thread(training.runner.wait_ready, job, START_TIMEOUT_S)
     return TrainResponse(
         job_id=job.job_id,
         message="Training started",

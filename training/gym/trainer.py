@@ -180,6 +180,7 @@ def train_gym(config: GymTrainConfig, ctx: TrainContext) -> dict[str, Any]:
 
     try:
         save("training")
+        ctx.report(0, config.total_timesteps, {})  # the model file exists from here on
         while timesteps < config.total_timesteps:
             update_started = time.monotonic()
             policy = net.to_policy(obs_dim, n_actions, meta)
