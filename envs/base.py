@@ -77,6 +77,18 @@ class StepResult:
     step_idx: int
 
 
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """The current state drawn for people (the trace viewer), never shown to a policy.
+
+    ``png``: an image (PNG bytes), for games with a picture (Crafter, BabyAI's grid).
+    ``text``: a fixed-width text rendering, for games without one (or beside the image).
+    """
+
+    png: bytes | None = None
+    text: str | None = None
+
+
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
 
 
@@ -147,6 +159,14 @@ class Environment(abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def from_state(cls, state: bytes) -> Environment:
         """Rebuild an instance from ``get_state()`` output (``InvalidState`` if unusable)."""
+
+    def render_frame(self) -> Frame | None:
+        """The current state as a `Frame` for the trace viewer, or None if the game has none.
+
+        The viewer replays a recorded rollout (seed, then each step's actions) and calls this
+        between steps, so it must neither change the state nor draw from the env's RNG.
+        """
+        return None
 
     def state_metadata(self) -> dict[str, Any]:
         """Versions and facts recorded beside the state in a snapshot."""
