@@ -105,6 +105,9 @@ def test_health_docs_and_schema_leak_nothing(keyed: httpx.Client) -> None:
         "runs_active",
         "capacity",
         "tracing",
+        "timestamp",
+        "active_jobs",
+        "loaded_models",
     }
     assert all(isinstance(v, (int, float)) for v in body["capacity"].values())
     assert "http" not in health.text and "state" not in health.text  # no URL, no path

@@ -88,6 +88,9 @@ def test_stop_within_a_second_keeps_the_checkpoint_and_jobs_are_bounded(
     long = {**SHORT, "total_timesteps": 1_000_000, "model_name": "long", "reward_function_type": "centred"}
     r = client.post("/train", json=long)
     job_id = r.json()["job_id"]
+    # The initial model is written before the job process starts: it answers at once.
+    first = client.post("/inference", json={"model_name": "long", "observation": [0, 0, 0, 0]})
+    assert first.status_code == 200 and abs(sum(first.json()["action_probs"]) - 1) < 1e-6
     status, _ = wait_for(
         client, job_id, lambda s: s["metrics"].get("updates", 0) >= 2 or s["status"] == "failed"
     )

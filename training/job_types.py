@@ -7,7 +7,7 @@ only in the job's own process.
 
 from __future__ import annotations
 
-from training.gym.config import GymTrainConfig
+from training.gym.config import GymTrainConfig, write_initial_model
 from training.jobs import JobType, register_job_type
 
 register_job_type(
@@ -16,5 +16,6 @@ register_job_type(
         GymTrainConfig,
         "training.gym.trainer:train_gym",
         "Episode-level GRPO of an MLP policy on a gymnasium environment (seed 004).",
+        prepare=write_initial_model,
     )
 )

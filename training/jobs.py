@@ -46,6 +46,9 @@ class JobType:
     target: str
     """``"module:function"``, the trainer, imported in the job process only."""
     description: str = ""
+    prepare: Callable[[Any, Path, str], None] | None = None
+    """Runs in the service at submit, before the process starts: ``(config, models_dir, model_name)``
+    (e.g. writes the initial model). Must be quick and must not import torch."""
 
 
 JOB_TYPES: dict[str, JobType] = {}
@@ -100,8 +103,6 @@ class Job:
     conn: Any = field(default=None, repr=False)
     stop_event: Any = field(default=None, repr=False)
     deadline: float = field(default=0.0, repr=False)
-    ready: threading.Event = field(default_factory=threading.Event, repr=False)
-    """Set once the job reported its first progress (its model file exists) or ended."""
 
     def record(self) -> dict[str, Any]:
         return {
@@ -220,8 +221,12 @@ class JobRunner:
         with self._lock:
             return [j for j in self.jobs.values() if j.status not in TERMINAL]
 
+    def job_writing(self, name: str) -> Job | None:
+        """The pending or running job that saves model ``name``, if any."""
+        return next((j for j in self.active() if j.model_name == name), None)
+
     def model_in_use(self, name: str) -> bool:
-        return any(j.model_name == name for j in self.active())
+        return self.job_writing(name) is not None
 
     # ------------------------------------------------------------------------------ actions
 
@@ -270,6 +275,8 @@ class JobRunner:
                 daemon=True,
             )
             self.models_dir.mkdir(parents=True, exist_ok=True)
+            if job_type.prepare is not None:
+                job_type.prepare(config, self.models_dir, name)
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, name="training-jobs", daemon=True)
                 self._watcher.start()
@@ -280,10 +287,6 @@ class JobRunner:
             self._prune()
         self._wake()
         return job
-
-    def wait_ready(self, job: Job, timeout_s: float) -> bool:
-        """Wait until the job has saved its first checkpoint (or ended); False on timeout."""
-        return job.ready.wait(timeout_s)
 
     def stop(self, job_id: str, grace_s: float = STOP_GRACE_S) -> Job:
         """Ask the job to stop; it saves and exits, or is terminated after ``grace_s``. Blocking
@@ -372,7 +375,6 @@ class JobRunner:
             elif kind == "progress":
                 _, current, total, metrics = message
                 job.status = "running"
-                job.ready.set()
                 job.current_timesteps, job.total_timesteps = int(current), int(total)
                 job.progress = min(1.0, current / total) if total else 0.0
                 job.metrics = dict(metrics)
@@ -399,7 +401,6 @@ class JobRunner:
             job.end_time = now_iso()
             job.error_message = error
             job.end_reason = end_reason or ("error" if status == "failed" else status)
-            job.ready.set()
             self._persist(job)
 
     def _persist(self, job: Job) -> None:

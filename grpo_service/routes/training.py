@@ -49,8 +49,6 @@ TRAINING_ENDPOINTS = {
     "health": "GET /health",
 }
 TrainRequest = train_request_type()
-START_TIMEOUT_S = 60.0
-"""POST /train answers when the job process has saved its first checkpoint, or after this."""
 JobId = Annotated[str, Path(max_length=64, description="A job id from POST /train.")]
 ModelNamePath = Annotated[str, Path(max_length=128, description="A saved model's name.")]
 
@@ -89,8 +87,7 @@ async def root() -> RootResponse:
 @router.post("/train", response_model=TrainResponse, status_code=200)
 async def train(config: Annotated[TrainRequest, Body()], training: TrainingDep) -> TrainResponse:
     """Start a training job in its own process. Every field is optional (seed 004's defaults);
-    ``type`` picks the job type (``gymnasium``: GRPO of an MLP policy on a gymnasium env). Answers
-    once the job runs and has saved its initial model (a few seconds: the process imports torch)."""
+    ``type`` picks the job type (``gymnasium``: GRPO of an MLP policy on a gymnasium env)."""
     if importlib.util.find_spec("torch") is None:
         raise TrainingUnavailable(
             "training needs torch: install the train extra (pip install 'grpo-service[train]')"
@@ -102,8 +99,6 @@ async def train(config: Annotated[TrainRequest, Body()], training: TrainingDep) 
         raise CapacityExceeded(str(exc), code="too_many_jobs", headers={"Retry-After": "5"}) from None
     except ModelNameTaken as exc:
         raise Conflict(str(exc), code="model_exists") from None
-    # Answer once the job runs and its model file exists (the seed's example asks /inference next).
-    await asyncio.to_thread(training.runner.wait_ready, job, START_TIMEOUT_S)
     return TrainResponse(
         job_id=job.job_id,
         message="Training started",
@@ -137,7 +132,8 @@ async def stop_job(job_id: JobId, training: TrainingDep) -> StopResponse:
 
 @router.post("/inference", response_model=InferenceResponse)
 async def inference(req: InferenceRequest, training: TrainingDep) -> InferenceResponse:
-    """The action a saved model takes for one observation, with every action's probability."""
+    """The action a saved model takes for one observation, with every action's probability (a
+    model being trained answers with its latest checkpoint)."""
     try:
         policy = training.models.get(req.model_name)
         obs = policy.check_observation(np.asarray(req.observation, dtype=np.float32))

@@ -16,10 +16,12 @@ Importing this module does not import torch: the service validates configs witho
 from __future__ import annotations
 
 import functools
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from training.gym.policy import MLPPolicy
 from training.gym.rewards import REWARD_FUNCTIONS, get_reward
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
@@ -57,6 +59,7 @@ class GymTrainConfig(BaseModel):
 
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,  # `"5"` or `true` for a number is a caller's mistake, not 5 or 1
         json_schema_extra={
             "examples": [
                 {"env_name": "CartPole-v1", "total_timesteps": 5000, "model_name": "test_model"},
@@ -84,7 +87,7 @@ class GymTrainConfig(BaseModel):
     n_steps: int = Field(
         default=32,
         gt=0,
-        le=4096,
+        le=1024,
         description="Episodes collected per update: n_steps / group_size groups, each of group_size "
         "episodes from one reset seed. A multiple of group_size.",
         examples=[32],
@@ -117,8 +120,17 @@ class GymTrainConfig(BaseModel):
     kl_coef: float = Field(
         default=0.0, ge=0, le=100, description="Weight of the KL penalty to the initial (reference) policy."
     )
+    ent_coef: float = Field(
+        default=0.0,
+        ge=0,
+        le=10,
+        description="Entropy bonus: keeps the policy exploring, so that a group's episodes still differ.",
+    )
     hidden_sizes: list[int] = Field(
-        default=[64, 64], min_length=1, max_length=8, description="Hidden layer widths of the MLP."
+        default=[64, 64],
+        min_length=1,
+        max_length=4,
+        description="Hidden layer widths of the MLP (1 to 1024).",
     )
     value_head: bool = Field(
         default=False,
@@ -142,8 +154,8 @@ class GymTrainConfig(BaseModel):
     @field_validator("hidden_sizes")
     @classmethod
     def _widths(cls, v: list[int]) -> list[int]:
-        if any(w < 1 or w > 4096 for w in v):
-            raise ValueError("hidden layer widths must be between 1 and 4096")
+        if any(w < 1 or w > 1024 for w in v):
+            raise ValueError("hidden layer widths must be between 1 and 1024")
         return v
 
     @field_validator("env_name")
@@ -179,3 +191,26 @@ class GymTrainConfig(BaseModel):
     @property
     def groups_per_update(self) -> int:
         return self.n_steps // self.group_size
+
+
+def policy_meta(config: GymTrainConfig) -> dict[str, Any]:
+    return {
+        "job_type": "gymnasium",
+        "env_name": config.env_name,
+        "reward_function_type": config.reward_function_type,
+        "config": config.model_dump(mode="json"),
+        "status": "training",
+    }
+
+
+def initial_policy(config: GymTrainConfig) -> MLPPolicy:
+    obs_dim, n_actions = env_spaces(config.env_name)
+    return MLPPolicy.initial(
+        obs_dim, n_actions, config.hidden_sizes, config.value_head, config.seed, policy_meta(config)
+    )
+
+
+def write_initial_model(config: GymTrainConfig, models_dir: Path, model_name: str) -> None:
+    """Save the job's initial policy before its process starts (numpy, milliseconds): the model
+    answers /inference from the moment POST /train returns."""
+    initial_policy(config).save(models_dir / f"{model_name}.zip")

@@ -24,6 +24,22 @@ FORMAT_VERSION = 1
 ACTIVATIONS = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0)}
 
 
+def init_layers(
+    sizes: list[int], rng: np.random.Generator, last_scale: float = 1.0
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """torch.nn.Linear's default initialisation, U(-1/sqrt(fan_in), 1/sqrt(fan_in)), in numpy;
+    the last layer's weights scaled by ``last_scale`` (its bias 0 when scaled)."""
+    layers = []
+    for i, (n_in, n_out) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+        bound = 1.0 / np.sqrt(n_in)
+        w = rng.uniform(-bound, bound, (n_in, n_out)).astype(np.float32)
+        b = rng.uniform(-bound, bound, n_out).astype(np.float32)
+        if i == len(sizes) - 2 and last_scale != 1.0:
+            w, b = w * np.float32(last_scale), np.zeros_like(b)
+        layers.append((w, b))
+    return layers
+
+
 class InvalidPolicyFile(ValueError):
     """A file that is not a policy zip this version can read."""
 
@@ -37,6 +53,23 @@ class MLPPolicy:
     activation: str = "tanh"
     value_layers: list[tuple[np.ndarray, np.ndarray]] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def initial(
+        cls,
+        obs_dim: int,
+        n_actions: int,
+        hidden: list[int],
+        value_head: bool,
+        seed: int,
+        meta: dict[str, Any],
+    ) -> MLPPolicy:
+        """A fresh policy: near-uniform action probabilities (last layer scaled by 0.01, as PPO
+        implementations do), the same weights for the same seed."""
+        rng = np.random.default_rng(seed)
+        layers = init_layers([obs_dim, *hidden, n_actions], rng, last_scale=0.01)
+        value = init_layers([obs_dim, *hidden, 1], rng) if value_head else None
+        return cls(obs_dim, n_actions, layers, "tanh", value, meta)
 
     def _forward(self, layers: list[tuple[np.ndarray, np.ndarray]], obs: np.ndarray) -> np.ndarray:
         act = ACTIVATIONS[self.activation]
@@ -99,7 +132,7 @@ class MLPPolicy:
         try:
             with os.fdopen(fd, "wb") as raw, zipfile.ZipFile(raw, "w", zipfile.ZIP_DEFLATED) as zf:
                 zf.writestr("policy.json", json.dumps(header, indent=2))
-                zf.writestr("weights.npz", buf.getvalue())
+                zf.writestr("weights.npz", buf.getvalue(), compress_type=zipfile.ZIP_STORED)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

@@ -25,7 +25,7 @@ from torch import nn
 from training.context import TrainContext
 from training.curves import MetricsLog, plot_curves
 from training.grpo import entropy_of, group_advantages, logprobs_of, policy_loss
-from training.gym.config import GymTrainConfig, env_spaces
+from training.gym.config import GymTrainConfig, env_spaces, initial_policy, policy_meta
 from training.gym.policy import MLPPolicy
 from training.gym.rewards import get_reward
 
@@ -47,15 +47,23 @@ def mlp(sizes: list[int]) -> nn.Sequential:
 
 
 class PolicyNet(nn.Module):
-    def __init__(self, obs_dim: int, n_actions: int, hidden: list[int], value_head: bool) -> None:
+    """The torch twin of an `MLPPolicy`, built from one (so the job process and the service that
+    wrote the job's initial model agree on the weights)."""
+
+    def __init__(self, policy: MLPPolicy) -> None:
         super().__init__()
-        self.pi = mlp([obs_dim, *hidden, n_actions])
-        self.v = mlp([obs_dim, *hidden, 1]) if value_head else None
-        with torch.no_grad():  # near-uniform initial policy (as PPO implementations do)
-            last = self.pi[-1]
-            assert isinstance(last, nn.Linear)
-            last.weight.mul_(0.01)
-            last.bias.zero_()
+
+        def build(layers: list[tuple[np.ndarray, np.ndarray]]) -> nn.Sequential:
+            seq = mlp([layers[0][0].shape[0], *(w.shape[1] for w, _ in layers)])
+            linears = [m for m in seq if isinstance(m, nn.Linear)]
+            with torch.no_grad():
+                for m, (w, b) in zip(linears, layers, strict=True):
+                    m.weight.copy_(torch.from_numpy(np.ascontiguousarray(w.T)))
+                    m.bias.copy_(torch.from_numpy(b))
+            return seq
+
+        self.pi = build(policy.layers)
+        self.v = build(policy.value_layers) if policy.value_layers is not None else None
 
     def to_policy(self, obs_dim: int, n_actions: int, meta: dict[str, Any]) -> MLPPolicy:
         def export(seq: nn.Sequential) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -153,15 +161,10 @@ def train_gym(config: GymTrainConfig, ctx: TrainContext) -> dict[str, Any]:
     spec_limit = envs[0].spec.max_episode_steps if envs[0].spec else None
     max_steps = config.max_episode_steps or spec_limit or 1_000_000
 
-    net = PolicyNet(obs_dim, n_actions, config.hidden_sizes, config.value_head)
+    net = PolicyNet(initial_policy(config))
     reference = copy.deepcopy(net.pi).requires_grad_(False) if config.kl_coef > 0 else None
     optimizer = torch.optim.Adam(net.parameters(), lr=config.learning_rate)
-    meta: dict[str, Any] = {
-        "job_type": "gymnasium",
-        "env_name": config.env_name,
-        "reward_function_type": config.reward_function_type,
-        "config": config.model_dump(),
-    }
+    meta = policy_meta(config)
     log = MetricsLog(ctx.metrics_path)
     rows: list[dict[str, Any]] = []
     recent: deque[float] = deque(maxlen=RETURN_WINDOW)
@@ -295,7 +298,8 @@ def update(
                 ref_logprobs=ref_logp[idx] if ref_logp is not None else None,
                 kl_coef=config.kl_coef,
             )
-            loss = out.loss if useful else out.loss * 0.0
+            entropy = entropy_of(logits).mean()
+            loss = out.loss - config.ent_coef * entropy if useful else out.loss * 0.0
             m = out.metrics()
             if value_target is not None and net.v is not None:
                 value_loss = torch.nn.functional.mse_loss(net.v(obs[idx]).squeeze(-1), value_target[idx])
@@ -305,8 +309,7 @@ def update(
             loss.backward()
             nn.utils.clip_grad_norm_(net.parameters(), MAX_GRAD_NORM)
             optimizer.step()
-            with torch.no_grad():
-                m["entropy"] = float(entropy_of(logits).mean())
+            m["entropy"] = entropy.item()
             for k, v in m.items():
                 totals[k] = totals.get(k, 0.0) + v
             steps += 1
