@@ -98,6 +98,7 @@ class StopResponse(BaseModel):
 class InferenceRequest(BaseModel):
     model_config = ConfigDict(
         extra="forbid",
+        strict=True,
         json_schema_extra={
             "examples": [
                 {"model_name": "my_model", "observation": [0.1, 0.0, 0.05, 0.0], "deterministic": True}

@@ -136,7 +136,7 @@ async def inference(req: InferenceRequest, training: TrainingDep) -> InferenceRe
     model being trained answers with its latest checkpoint)."""
     try:
         policy = training.models.get(req.model_name)
-        obs = policy.check_observation(np.asarray(req.observation, dtype=np.float32))
+        obs = policy.check_observation(np.asarray(req.observation, dtype=np.float64))
     except ModelNotFound as exc:
         raise NotFound(exc.args[0], code="model_not_found") from None
     except InvalidPolicyFile as exc:

@@ -81,9 +81,12 @@ class MLPPolicy:
         return x
 
     def check_observation(self, obs: np.ndarray) -> np.ndarray:
-        obs = np.asarray(obs, dtype=np.float32)
+        with np.errstate(over="ignore"):
+            obs = np.asarray(obs, dtype=np.float32)
         if obs.shape[-1:] != (self.obs_dim,) or obs.ndim > 2:
             raise ValueError(f"observation must have {self.obs_dim} values, got shape {list(obs.shape)}")
+        if not np.isfinite(obs).all():
+            raise ValueError("observation values must be finite 32-bit floats")
         return obs
 
     def logits(self, obs: np.ndarray) -> np.ndarray:
