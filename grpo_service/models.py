@@ -30,7 +30,8 @@ RunId = Annotated[
 Name = Annotated[str, Field(min_length=1, max_length=64)]
 # Strict: `true` or `1.5` is a caller's mistake, not seed 1 or action 1.
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
-Action = Annotated[str, Field(max_length=64)] | Annotated[int, Field(strict=True, ge=0, le=2**31)]
+# Text games take free-text actions ("move metal pot to sink", "craft 1 blue dye using 1 lapis lazuli").
+Action = Annotated[str, Field(max_length=512)] | Annotated[int, Field(strict=True, ge=0, le=2**31)]
 ConfigDict_ = Annotated[dict[str, Any], Field(default_factory=dict, description="Plug-in specific config.")]
 
 DEFAULT_RUN = "default"
@@ -387,7 +388,9 @@ class RolloutStep(BaseModel):
     turn: int
     observation: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]]
-    actions: list[str] = Field(default_factory=list)
+    actions: list[str | int] = Field(
+        default_factory=list, description="The actions run (names, text, or primitive indices)."
+    )
     reward: float = 0.0
     done: bool = False
     truncated: bool = False
