@@ -574,3 +574,64 @@ class RunStatusResponse(BaseModel):
     result: RolloutResponse | RolloutGroupResponse | None = Field(
         default=None, description="The full result once finished (start-then-poll)."
     )
+
+
+# ------------------------------------------------------------------------ batch rollouts
+
+
+class BatchRolloutsRequest(Request):
+    """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
+
+    env: Name = Field(examples=["textcraft"], description="An environment with an LLM agent (see /info).")
+    model: Name = Field(max_length=256, examples=["Qwen/Qwen3-1.7B"])
+    base_url: str = Field(
+        max_length=2048, examples=["http://127.0.0.1:8001"], description="The OpenAI-compatible server."
+    )
+    ids: list[Seed] = Field(min_length=1, max_length=1024, description="Task indices (AgentGym's data_idx).")
+    max_round: int = Field(ge=1, le=200, description="Most agent turns per rollout.")
+    prompt_format: Literal["agentgym", "tool_calls"] | None = Field(
+        default=None, description="Default: the agent's first ('agentgym' for AgentGym's games)."
+    )
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    concurrency: int = Field(default=8, ge=1, le=256, description="Rollouts in flight at once.")
+    env_config: ConfigDict_
+    policy_config: ConfigDict_ = Field(
+        description="More config for the agent (model and URL come from above)."
+    )
+    rl_run_id: RunId = DEFAULT_RUN
+    max_time_s: float = Field(default=3600.0, gt=0, le=86_400, description="Deadline of each rollout.")
+
+
+class TurnTokens(BaseModel):
+    """One model call: the token ids and logprobs exactly as the server returned them."""
+
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    finish_reason: str | None = None
+
+
+class BatchRolloutResult(BaseModel):
+    id: int
+    score: float | None = Field(default=None, description="On the environment's own scale.")
+    success: bool = False
+    rounds: int = 0
+    conversation: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages.")
+    turns: list[TurnTokens] | None = Field(
+        default=None, description="Per model call; null when the server returned no token ids."
+    )
+    stop_reason: str | None = None
+    run_id: str | None = None
+    error: str | None = Field(default=None, description="Set when this id failed; the batch goes on.")
+
+
+class BatchRolloutsResponse(BaseModel):
+    env: str
+    model: str
+    results: list[BatchRolloutResult]
+    completed: int
+    failed: int
+    mean_score: float | None
+    success_rate: float | None
+    wall_time_s: float

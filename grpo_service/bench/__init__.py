@@ -85,12 +85,27 @@ def bench_main(
     smoke: Annotated[
         bool, typer.Option("--smoke", hidden=True, help="Tiny run for tests (seconds).")
     ] = False,
+    envs: Annotated[
+        bool,
+        typer.Option(
+            "--envs/--no-envs", help="Also measure every environment: steps/s, restores, oracle baselines."
+        ),
+    ] = True,
+    envs_only: Annotated[bool, typer.Option("--envs-only", help="Measure the environments only.")] = False,
 ) -> None:
     """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
+    from grpo_service.bench import envs as env_bench
+
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
-    report = run_bench(mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False))
-    render_table(report, console)
+    log = lambda s: console.print(s, style="dim", highlight=False)  # noqa: E731
+    report: dict[str, Any] = {"mode": mode}
+    if not envs_only:
+        report = run_bench(mode, pinning=pin, log=log)
+        render_table(report, console)
+    if envs or envs_only:
+        report["environments"] = env_bench.run_env_bench(mode, log)
+        env_bench.render(report["environments"], console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {json_path}")
