@@ -97,8 +97,12 @@ def parse_action_line(reply: str) -> str | None:
     matches = _ACTION_LINE.findall(reply)
     if len(matches) > 1:
         return None
-    action = _NOT_ACTION_CHARS.sub("", matches[-1] if matches else "")
-    return " ".join(action.split())
+    return clean_action(matches[-1] if matches else "")
+
+
+def clean_action(text: str) -> str:
+    """TextCraft's and BabyAI's clients keep letters, digits, commas and single spaces."""
+    return " ".join(_NOT_ACTION_CHARS.sub("", text).split())
 
 
 def parse_react_action(reply: str) -> str:

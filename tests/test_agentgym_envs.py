@@ -216,3 +216,13 @@ def test_sciworld_gold_path_scores_100_and_step_limit_ends() -> None:
     assert not results[-1].info["success"]
     with pytest.raises(InvalidConfig):
         SciWorldEnv.create({}, len(TASKS))
+
+
+def test_env_bench_smoke_reports_every_env() -> None:
+    from grpo_service.bench.envs import run_env_bench
+
+    report = run_env_bench("smoke")
+    assert set(report["steps_per_s"]) == {"crafter", "textcraft", "babyai", "sciworld"}
+    assert all(r["in_process"] > 0 and r["http"] > 0 for r in report["steps_per_s"].values())
+    assert report["oracle"]["textcraft"]["success_rate"] == 1.0
+    assert report["oracle"]["sciworld"]["success_rate"] == 1.0

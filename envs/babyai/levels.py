@@ -4,19 +4,12 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
-
-import gymnasium as gym
-
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
-    import minigrid.envs.babyai.core.roomgrid_level as _roomgrid_level
+from typing import Any
 
 log = logging.getLogger(__name__)
-# Level generation prints each rejected sample ("Sampling rejected: ..."): to our log instead.
-_roomgrid_level.print = lambda *args, **_: log.debug(" ".join(map(str, args)))  # type: ignore[attr-defined]
 
 LEVELS: tuple[str, ...] = (
     "BabyAI-GoToRedBallGrey-v0",
@@ -70,6 +63,22 @@ def level_of(data_idx: int) -> tuple[str, int]:
     return LEVELS[data_idx % len(LEVELS)], data_idx // len(LEVELS)
 
 
-def make(level: str) -> gym.Env:
+def make(level: str) -> Any:
     """A fresh gymnasium env of ``level`` (wrapped as ``gymnasium.make`` wraps it, as AgentGym does)."""
-    return gym.make(RENAMED.get(level, level))
+    return _gymnasium().make(RENAMED.get(level, level))
+
+
+@functools.cache
+def _gymnasium() -> Any:
+    """gymnasium with minigrid's levels registered, imported on first use (about 1 s: the
+    service's start and its worker processes do not pay it unless BabyAI is played)."""
+    import gymnasium
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import minigrid  # noqa: F401  (registers the BabyAI levels with gymnasium)
+        import minigrid.envs.babyai.core.roomgrid_level as roomgrid_level
+
+    # Level generation prints each rejected sample ("Sampling rejected: ..."): to our log instead.
+    roomgrid_level.print = lambda *args, **_: log.debug(" ".join(map(str, args)))  # type: ignore[attr-defined]
+    return gymnasium
