@@ -49,7 +49,11 @@ class ErrorBody(BaseModel):
     detail: str | list[dict[str, Any]]
 
 
-def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> None:
+MAX_TURNS = 100_000
+MAX_OPS = 2 * MAX_TURNS  # a request's own ops: max_turns × (agent, env), or an `ops` list
+
+
+def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int | None) -> None:
     """Validate the op sequence of a rollout or group request up front."""
     if ops is None and max_turns is None:
         raise ValueError("give 'ops' or 'max_turns'")
@@ -59,8 +63,9 @@ def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> Non
         return
     if not ops:
         raise ValueError("'ops' is empty")
-    if len(ops) > max_ops:
-        raise ValueError(f"'ops' has {len(ops)} entries, more than safety.max_ops={max_ops}")
+    if len(ops) > (max_ops or MAX_OPS):
+        limit = f"safety.max_ops={max_ops}" if max_ops else f"the maximum of {MAX_OPS}"
+        raise ValueError(f"'ops' has {len(ops)} entries, more than {limit}")
     pending = False
     for i, op in enumerate(ops):
         if op == "agent":
@@ -336,7 +341,13 @@ class RolloutPolicySpec(Request):
 
 class RolloutRecordConfig(Request):
     trajectories: bool = True
-    logprobs: bool = Field(default=False, description="Request and keep token ids and logprobs.")
+    logprobs: bool | None = Field(
+        default=None,
+        description=(
+            "Request and keep prompt/completion token ids and logprobs. Default: on in mode 'rl' "
+            "(a trainer needs them), off in mode 'eval'."
+        ),
+    )
     images: bool = Field(default=False, description="Keep image fields in recorded observations.")
     observations: bool = Field(default=True, description="Keep each step's observation.")
     return_trace: bool = Field(
@@ -345,7 +356,13 @@ class RolloutRecordConfig(Request):
 
 
 class RolloutSafetyConfig(Request):
-    max_ops: int = Field(default=100_000, ge=1, le=1_000_000)
+    max_ops: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Stop after this many ops (agent and env each count one). Default: no cap "
+        "beyond the request's own ops (max_turns × 2, or the length of 'ops').",
+    )
     max_time_s: float = Field(default=3_600.0, gt=0, le=86_400)
     llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
 
@@ -356,7 +373,7 @@ class RolloutRequest(Request):
     policy: RolloutPolicySpec
     ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
     max_turns: int | None = Field(
-        default=None, ge=1, le=100_000, description="Shorthand: ops = [agent, env] × N."
+        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N."
     )
     on_done: Literal["reset", "terminate"] = "reset"
     record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig)
@@ -433,6 +450,10 @@ class RolloutMetrics(BaseModel):
     wall_time_s: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    llm_calls_without_tokens: int = Field(
+        default=0,
+        description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
+    )
 
 
 class RolloutResponse(BaseModel):
@@ -444,7 +465,8 @@ class RolloutResponse(BaseModel):
     aborted: bool
     ops_executed: int
     stop_reason: str = Field(
-        description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | error"
+        description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | "
+        "env_terminated | policy_terminated (terminated by a caller mid-rollout) | error"
     )
     error: str | None = None
     env_id: str | None = None
@@ -452,6 +474,10 @@ class RolloutResponse(BaseModel):
     group_id: str | None = None
     group_index: int | None = None
     trace: dict[str, Any] | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Problems that leave the result usable but not as asked (e.g. no token ids).",
+    )
 
 
 class RolloutGroupRequest(Request):
@@ -462,7 +488,7 @@ class RolloutGroupRequest(Request):
     env: RolloutEnvSpec
     policy: RolloutPolicySpec
     ops: list[Op] | None = None
-    max_turns: int | None = Field(default=None, ge=1, le=100_000)
+    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS)
     on_done: Literal["reset", "terminate"] = "terminate"
     record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig)
     safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig)
@@ -500,12 +526,16 @@ class GroupMetrics(BaseModel):
     completed: int
     failed: int
     wall_time_s: float
+    llm_calls_without_tokens: int = Field(
+        default=0, description="Summed over members: LLM calls recorded without token ids or logprobs."
+    )
 
 
 class RolloutGroupResponse(BaseModel):
     group_id: str
     members: list[GroupMember]
     metrics: GroupMetrics
+    warnings: list[str] = Field(default_factory=list, description="The members' warnings, each once.")
 
 
 class RunStarted(BaseModel):
