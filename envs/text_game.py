@@ -22,6 +22,7 @@ from envs.base import (
     ConfigT,
     Environment,
     EpisodeOver,
+    Frame,
     InvalidAction,
     InvalidConfig,
     InvalidState,
@@ -260,6 +261,11 @@ class TextGameEnv(Environment[ConfigT]):
     @property
     def step_idx(self) -> int:
         return self._steps
+
+    def render_frame(self) -> Frame:
+        """The viewer's frame: the last observation text (games with a picture add it)."""
+        self._started_check()
+        return Frame(text=self._text)
 
     @property
     def truncated(self) -> bool:

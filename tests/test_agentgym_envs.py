@@ -226,3 +226,18 @@ def test_env_bench_smoke_reports_every_env() -> None:
     assert all(r["in_process"] > 0 and r["http"] > 0 for r in report["steps_per_s"].values())
     assert report["oracle"]["textcraft"]["success_rate"] == 1.0
     assert report["oracle"]["sciworld"]["success_rate"] == 1.0
+
+
+def test_viewer_frames_leave_the_state_alone() -> None:
+    babyai = BabyAIEnv.create({}, 5)
+    babyai.reset()
+    before = babyai.get_state()
+    frame = babyai.render_frame()
+    assert frame.png is not None and frame.png.startswith(b"\x89PNG") and frame.text == babyai.text
+    assert babyai.get_state() == before
+    textcraft = TextCraftEnv.create({}, 1)
+    textcraft.reset()
+    assert (
+        textcraft.render_frame().text.startswith("Crafting commands:")
+        and textcraft.render_frame().png is None
+    )

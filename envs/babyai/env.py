@@ -25,7 +25,7 @@ from pydantic import Field
 
 from envs.babyai import levels
 from envs.babyai.view import DONE, PRIMITIVES, View, available_actions_text, describe
-from envs.base import InvalidAction, InvalidState, register_environment
+from envs.base import Frame, InvalidAction, InvalidState, register_environment
 from envs.text_game import MAX_ACTION_CHARS, TextGameConfig, TextGameEnv
 
 MAX_REPLAY_STEPS = 100_000
@@ -204,6 +204,11 @@ class BabyAIEnv(TextGameEnv[BabyAIConfig]):
         buffer = io.BytesIO()
         Image.fromarray(rgb.astype("uint8")).save(buffer, format="PNG")
         return buffer.getvalue()
+
+    def render_frame(self) -> Frame:
+        """The full grid (the agent's view highlighted) and the last observation text."""
+        self._started_check()
+        return Frame(png=self.frame_png(), text=self._text)
 
     def close(self) -> None:
         super().close()
