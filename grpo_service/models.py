@@ -335,7 +335,13 @@ class RolloutPolicySpec(Request):
 
 class RolloutRecordConfig(Request):
     trajectories: bool = True
-    logprobs: bool = Field(default=False, description="Request and keep token ids and logprobs.")
+    logprobs: bool | None = Field(
+        default=None,
+        description=(
+            "Request and keep prompt/completion token ids and logprobs. Default: on in mode 'rl' "
+            "(a trainer needs them), off in mode 'eval'."
+        ),
+    )
     images: bool = Field(default=False, description="Keep image fields in recorded observations.")
     observations: bool = Field(default=True, description="Keep each step's observation.")
     return_trace: bool = Field(
@@ -430,6 +436,10 @@ class RolloutMetrics(BaseModel):
     wall_time_s: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    llm_calls_without_tokens: int = Field(
+        default=0,
+        description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
+    )
 
 
 class RolloutResponse(BaseModel):
@@ -449,6 +459,10 @@ class RolloutResponse(BaseModel):
     group_id: str | None = None
     group_index: int | None = None
     trace: dict[str, Any] | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Problems that leave the result usable but not as asked (e.g. no token ids).",
+    )
 
 
 class RolloutGroupRequest(Request):
@@ -497,12 +511,16 @@ class GroupMetrics(BaseModel):
     completed: int
     failed: int
     wall_time_s: float
+    llm_calls_without_tokens: int = Field(
+        default=0, description="Summed over members: LLM calls recorded without token ids or logprobs."
+    )
 
 
 class RolloutGroupResponse(BaseModel):
     group_id: str
     members: list[GroupMember]
     metrics: GroupMetrics
+    warnings: list[str] = Field(default_factory=list, description="The members' warnings, each once.")
 
 
 class RunStarted(BaseModel):
