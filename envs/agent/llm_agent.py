@@ -197,9 +197,10 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         if self.client is None:
             # The service's pool (closed at shutdown), else the running loop's shared one.
             pool = self.context.client_pool or openai_client.shared_pool()
+            own_key = self.config.api_key.get_secret_value() if self.config.api_key else None
             self.client = pool.get(
                 self.inference_url,
-                self.config.api_key or self.context.api_key,
+                self.context.api_key_for(self.inference_url, own_key),
                 timeout_s=self.config.timeout_s or self.context.request_timeout_s,
                 max_retries=self.context.max_retries,
             )
@@ -245,7 +246,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         request = self.build_request(observation)
         meta: dict[str, Any] = {
             "model": self.model,
-            "inference_url": self.inference_url,
+            "inference_url": openai_client.public_url(self.inference_url),
             "turn_index": self.turn_index,
         }
         if dry_run:
