@@ -196,7 +196,9 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
     def _client(self) -> openai_client.InferenceClient:
         if self.client is None:
             # The service's pool (closed at shutdown), else the running loop's shared one.
-            pool = self.context.client_pool or openai_client.shared_pool()
+            pool = self.context.client_pool
+            if pool is None:  # not `or`: an empty pool is falsy
+                pool = openai_client.shared_pool()
             own_key = self.config.api_key.get_secret_value() if self.config.api_key else None
             self.client = pool.get(
                 self.inference_url,
