@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError
 
+from envs.agent import TEXT_ACTION_TOOL, text_actions
 from envs.base import (
     ConfigT,
     Environment,
@@ -32,25 +33,8 @@ from envs.base import (
 
 MAX_ACTION_CHARS = 512
 
-# The one tool an LLM acts through in the tool-calling prompt format.
-TOOL_NAME = "act"
-TOOL_SCHEMA: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": TOOL_NAME,
-        "description": "Take one action in the game, written as the instructions describe it.",
-        "parameters": {
-            "type": "object",
-            "properties": {"action": {"type": "string", "maxLength": MAX_ACTION_CHARS}},
-            "required": ["action"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-# AgentGym's conversation opens with the task instruction (a user turn) and this assistant turn.
-ASSISTANT_OK = "OK. I'll follow your instructions and try my best to solve the task."
-ONE_ACTION_ONLY = "Error: Only one 'Action' is allowed per response. Please adjust your response."
+# The one tool an LLM acts through (the generic agent's ``act``; its AgentGym format yields it too).
+TOOL_NAME = TEXT_ACTION_TOOL
 
 
 def check_text_actions(actions: Sequence[Any]) -> list[str]:
@@ -67,19 +51,17 @@ def check_text_actions(actions: Sequence[Any]) -> list[str]:
     return list(actions)
 
 
-def text_actions_from_tool_calls(tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
-    """The actions of canonical ``{"tool": "act", "args": {"action": ...}}`` calls, in order
-    (the game checks them: an integer is a primitive action where the game has those)."""
+def game_actions(tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
+    """The actions of ``act`` calls (`envs.agent.text_actions`), with an integer ``action`` kept
+    as an integer (a primitive action, for the games that have them; the game checks it)."""
     actions: list[str | int] = []
     for call in tool_calls:
-        if not isinstance(call, dict) or call.get("tool") != TOOL_NAME:
-            name = call.get("tool") if isinstance(call, dict) else call
-            raise InvalidAction(f"unknown tool {name!r:.60}; expected {TOOL_NAME!r}")
-        args = call.get("args")
-        action = args.get("action") if isinstance(args, dict) else None
-        if not isinstance(action, str) and type(action) is not int:
-            raise InvalidAction(f"the {TOOL_NAME!r} tool needs an 'action' argument (a string)")
-        actions.append(action)
+        args = call.get("args") if isinstance(call, dict) else None
+        primitive = args.get("action") if isinstance(args, dict) else None
+        if type(primitive) is int and call.get("tool") == TOOL_NAME:
+            actions.append(primitive)
+        else:
+            actions.extend(text_actions([call]))
     if not actions:
         raise InvalidAction("no tool calls to execute")
     return actions
@@ -94,7 +76,7 @@ _NOT_ACTION_CHARS = re.compile(r"[^A-Za-z0-9, ]+")
 def parse_action_line(reply: str) -> str | None:
     """TextCraft's and BabyAI's client parsing: the text after the one ``Action:``, reduced to
     letters, digits, commas and single spaces; ``""`` when there is none; ``None`` when the
-    reply has more than one ``Action:`` (AgentGym then answers `ONE_ACTION_ONLY` itself)."""
+    reply has more than one ``Action:`` (AgentGym's client then answers an error itself)."""
     matches = _ACTION_LINE.findall(reply)
     if len(matches) > 1:
         return None
@@ -256,7 +238,7 @@ class TextGameEnv(Environment[ConfigT]):
         return self._result(0.0, [], [])
 
     def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
-        return self._check_actions(text_actions_from_tool_calls(tool_calls))
+        return self._check_actions(game_actions(tool_calls))
 
     @property
     def step_idx(self) -> int:

