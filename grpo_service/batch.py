@@ -15,6 +15,8 @@ import statistics
 import time
 from typing import Any
 
+import httpx
+
 from envs.base import POLICIES, PluginError, environment_class, policy_class
 from grpo_service.deps import Services
 from grpo_service.errors import ServiceError, Unprocessable
@@ -30,6 +32,7 @@ from grpo_service.models import (
     RolloutSafetyConfig,
     TurnTokens,
 )
+from inference.openai_client import normalize_base_url, public_url
 
 
 def agent_policies() -> dict[str, str]:
@@ -71,9 +74,43 @@ def policy_config(req: BatchRolloutsRequest) -> dict[str, Any]:
     return config
 
 
+PREFLIGHT_TIMEOUT_S = 5.0
+
+
+async def check_model_server(req: BatchRolloutsRequest) -> None:
+    """One ``GET {base_url}/v1/models`` before the batch: an unreachable server, or one that
+    serves other models, is a 422 now rather than an inference error in every result later.
+    A server without the listing route is taken at its word."""
+    try:
+        url = normalize_base_url(req.base_url)
+    except ValueError as exc:
+        raise Unprocessable(str(exc), code="invalid_base_url") from None
+    try:
+        async with httpx.AsyncClient(timeout=PREFLIGHT_TIMEOUT_S) as client:
+            response = await client.get(url + "/models")
+    except httpx.HTTPError as exc:
+        raise Unprocessable(
+            f"the model server at {public_url(url)} is not reachable ({type(exc).__name__})",
+            code="inference_unreachable",
+        ) from None
+    if response.status_code != 200:
+        return
+    try:
+        served = [m.get("id") for m in response.json().get("data", []) if isinstance(m, dict)]
+    except (ValueError, AttributeError):
+        return
+    if served and req.model not in served:
+        raise Unprocessable(
+            f"model {req.model!r} is not served at {public_url(url)}; "
+            f"it serves: {', '.join(map(str, served))}",
+            code="unknown_model",
+        )
+
+
 async def run_batch(req: BatchRolloutsRequest, services: Services) -> BatchRolloutsResponse:
     started = time.monotonic()
     policy = check(req, services)
+    await check_model_server(req)
     config = policy_config(req)
     bound = asyncio.Semaphore(req.concurrency)
 

@@ -612,6 +612,8 @@ class RunStatusResponse(BaseModel):
 class BatchRolloutsRequest(Request):
     """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
 
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a temperature, "5" no count
+
     env: Name = Field(examples=["textcraft"], description="An environment with an LLM agent (see /info).")
     model: Name = Field(max_length=256, examples=["Qwen/Qwen3-1.7B"])
     base_url: str = Field(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import httpx
 
-from inference.fake_server import FakeInferenceServer
+from inference.fake_server import FakeConfig, FakeInferenceServer
 from inference.server_thread import ServerThread
 
 
@@ -68,10 +68,25 @@ def test_bad_input_names_the_valid_range(client: httpx.Client, fake_llm: FakeInf
     assert r.status_code == 422
 
 
-def test_a_failing_id_is_an_error_entry(client: httpx.Client, fake_llm: FakeInferenceServer) -> None:
-    # An unreachable model server: every id ends in an inference error, reported per id.
-    r = batch(client, fake_llm, base_url="http://127.0.0.1:9", ids=[0, 1], policy_config={"timeout_s": 1})
+def test_an_unreachable_or_wrong_model_server_is_a_422(
+    client: httpx.Client, fake_llm: FakeInferenceServer
+) -> None:
+    r = batch(client, fake_llm, base_url="http://127.0.0.1:9")
+    assert r.status_code == 422 and r.json()["code"] == "inference_unreachable", r.text
+    r = batch(client, fake_llm, model="no-such-model")
+    assert r.status_code == 422 and "fake-qwen3" in r.json()["detail"], r.text
+    r = batch(client, fake_llm, temperature=True)
+    assert r.status_code == 422
+
+
+def test_a_failing_id_does_not_sink_the_batch(client: httpx.Client, fake_llm: FakeInferenceServer) -> None:
+    # One rollout at a time: id 0's model call succeeds, id 1's fails on every attempt.
+    fake_llm.set_config(FakeConfig(model="fake-qwen3", fault_script=["ok"] + ["http_500"] * 10))
+    try:
+        r = batch(client, fake_llm, ids=[0, 1], max_round=1, concurrency=1, policy_config={"timeout_s": 5})
+    finally:
+        fake_llm.set_config(FakeConfig(model="fake-qwen3"))
     assert r.status_code == 200, r.text
-    results = r.json()["results"]
-    assert [res["id"] for res in results] == [0, 1]
-    assert all(res["stop_reason"].startswith("policy_error:inference") for res in results)
+    first, second = r.json()["results"]
+    assert (first["id"], first["stop_reason"]) == (0, "completed")
+    assert second["id"] == 1 and second["stop_reason"].startswith("policy_error:inference")
