@@ -15,6 +15,7 @@ import typer
 
 from grpo_service.cli.eval import eval_command
 from grpo_service.cli.export import export_command
+from grpo_service.cli.model import init_model_command, serve_model_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
 from grpo_service.cli.traces import traces_command
@@ -32,6 +33,8 @@ app.command("rollout")(rollout_command)
 app.command("eval")(eval_command)
 app.command("export-sft")(export_command)
 app.command("traces")(traces_command)
+app.command("init-model")(init_model_command)
+app.command("serve-model")(serve_model_command)
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:
