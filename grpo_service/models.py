@@ -265,6 +265,9 @@ class LLMCallRecord(BaseModel):
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     error: str | None = None
+    weights_version: int | None = Field(
+        default=None, description="The inference server's weights version, when it reports one."
+    )
 
 
 class PolicyStepResponse(BaseModel):

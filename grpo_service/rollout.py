@@ -152,6 +152,7 @@ def llm_record(call: LLMCall | None, with_tokens: bool) -> LLMCallRecord | None:
         completion_token_ids=call.completion_token_ids if with_tokens else None,
         completion_logprobs=call.completion_logprobs if with_tokens else None,
         error=call.error,
+        weights_version=call.weights_version,
     )
 
 
