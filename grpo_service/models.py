@@ -443,6 +443,14 @@ class RolloutMetrics(BaseModel):
         default=0,
         description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
     )
+    weights_version: int | None = Field(
+        default=None,
+        description="The oldest weights version the inference server reported for this rollout's calls "
+        "(serve-model reports one; vLLM does not): a trainer drops rollouts sampled from stale weights.",
+    )
+    weights_version_max: int | None = Field(
+        default=None, description="The newest version (differs when weights changed mid-rollout)."
+    )
 
 
 class RolloutResponse(BaseModel):
