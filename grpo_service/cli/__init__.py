@@ -19,6 +19,7 @@ from grpo_service.cli.model import init_model_command, serve_model_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
 from grpo_service.cli.traces import traces_command
+from grpo_service.cli.train import train_command
 
 app = typer.Typer(
     name="grpo-service",
@@ -35,6 +36,7 @@ app.command("export-sft")(export_command)
 app.command("traces")(traces_command)
 app.command("init-model")(init_model_command)
 app.command("serve-model")(serve_model_command)
+app.command("train")(train_command)
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:
