@@ -22,6 +22,9 @@ def init_model_command(
         ),
     ] = None,
     corpus_seeds: Annotated[int, typer.Option(min=1, help="Seeds per environment for the corpus.")] = 3,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="Environments whose text to use (default: all).")
+    ] = None,
     vocab_size: Annotated[int, typer.Option(min=300, help="BPE vocabulary size (at most).")] = 4096,
     hidden_size: Annotated[int, typer.Option(min=16)] = 192,
     layers: Annotated[int, typer.Option(min=1)] = 4,
@@ -36,7 +39,7 @@ def init_model_command(
 
     if hidden_size % heads or heads % kv_heads:
         raise typer.BadParameter("hidden-size must divide by heads, and heads by kv-heads")
-    texts = list(environment_corpus(seeds=corpus_seeds))
+    texts = list(environment_corpus(seeds=corpus_seeds, env_names=env))
     if corpus:
         texts.extend(jsonl_corpus(corpus))
     spec = ModelSpec(

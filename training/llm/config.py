@@ -82,6 +82,12 @@ class RLConfig(_Config):
         default=0, ge=0, description="Keep samples drawn from weights at most this many versions old."
     )
     success_reward: float = Field(default=1.0, description="A rollout whose reward reaches this succeeded.")
+    format_penalty: float = Field(
+        default=0.0,
+        ge=0,
+        description="Subtracted from the reward of a rollout that ended in a policy error (no tool call, "
+        "invalid action): a format reward, the signal a model that cannot yet act needs first.",
+    )
     fidelity_tolerance: float = Field(
         default=1e-3, gt=0, description="Warn when server and trainer logprobs differ by more."
     )

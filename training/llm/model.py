@@ -35,7 +35,7 @@ class ModelSpec:
 # ------------------------------------------------------------------------------------- corpus
 
 
-def environment_corpus(seeds: int = 3, steps: int = 12) -> Iterator[str]:
+def environment_corpus(seeds: int = 3, steps: int = 12, env_names: list[str] | None = None) -> Iterator[str]:
     """Text of every registered environment and LLM policy: observations over a few seeds and
     random steps, and each policy's full request (system prompt, tools, turns) rendered as JSON."""
     import envs  # noqa: F401  (registers the plug-ins)
@@ -43,6 +43,8 @@ def environment_corpus(seeds: int = 3, steps: int = 12) -> Iterator[str]:
 
     rng = random.Random(0)
     for name, env_cls in sorted(ENVIRONMENTS.items()):
+        if env_names and name not in env_names:
+            continue
         policies = [p for p in POLICIES.values() if p.uses_inference and p.env_name in (name, None)]
         for seed in range(seeds):
             try:

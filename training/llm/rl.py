@@ -80,6 +80,8 @@ class Sample:
     group: int
     member: int
     weights_version: int | None
+    run_id: str
+    turn: int
 
 
 @dataclass
@@ -112,8 +114,12 @@ def group_request(config: RLConfig, seed: int, served_model: str, step: int, ind
     }
 
 
-def member_reward(result: dict[str, Any]) -> float:
-    return float(sum(t["total_reward"] for t in result["trajectories"]))
+def member_reward(result: dict[str, Any], format_penalty: float = 0.0) -> float:
+    """The rollout's return, minus ``format_penalty`` if the policy failed to act."""
+    reward = float(sum(t["total_reward"] for t in result["trajectories"]))
+    if str(result.get("stop_reason", "")).startswith("policy_error:"):
+        reward -= format_penalty
+    return reward
 
 
 def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
@@ -121,24 +127,25 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
     stats: Counter[str] = Counter()
     rewards: list[float] = []
     group_ids: list[int] = []
-    decisions: list[tuple[int, int, dict[str, Any]]] = []  # (row in rewards, group, llm record)
+    decisions: list[tuple[int, int, str, dict[str, Any]]] = []  # (row in rewards, group, run id, step)
     for g, group in enumerate(groups):
         for member in group["members"]:
             result = member.get("result")
             if member["status"] == "failed" or result is None:
                 stats["members_failed"] += 1
                 continue
-            rewards.append(member_reward(result))
+            rewards.append(member_reward(result, config.format_penalty))
             group_ids.append(g)
             for trajectory in result["trajectories"]:
                 for step in trajectory["steps"]:
                     if step.get("llm") is not None:
-                        decisions.append((len(rewards) - 1, g, step["llm"]))
+                        decisions.append((len(rewards) - 1, g, member["run_id"], step))
     adv = group_advantages(rewards, group_ids, scale_by_std=config.scale_by_std) if rewards else None
     stats["groups"] = len(groups)
     stats["groups_all_equal"] = adv.degenerate_groups if adv is not None else 0
     samples: list[Sample] = []
-    for row, g, llm in decisions:
+    for row, g, run_id, step in decisions:
+        llm = step["llm"]
         ids, completion, logprobs = (
             llm.get("prompt_token_ids"),
             llm.get("completion_token_ids"),
@@ -155,7 +162,7 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
         if advantage == 0.0 and config.kl_coef == 0:  # no gradient at all
             stats["zero_advantage_samples"] += 1
             continue
-        samples.append(Sample(ids, completion, logprobs, advantage, g, row, sampled_by))
+        samples.append(Sample(ids, completion, logprobs, advantage, g, row, sampled_by, run_id, step["turn"]))
     return Batch(samples, rewards, group_ids, stats)
 
 
