@@ -30,6 +30,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from inference.completions import chat_choice, error_body
 from training.llm.chat import parse_tool_calls
 from training.llm.model import load, stop_token_ids
 from training.llm.sampling import Sample, Sampler, SampleRequest
@@ -44,8 +45,7 @@ class ServeError(Exception):
 
 
 def _error(message: str, kind: str, status: int) -> JSONResponse:
-    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
-    return JSONResponse(body, status_code=status)
+    return JSONResponse(error_body(message, kind, status), status_code=status)
 
 
 # ------------------------------------------------------------------------------------ request
@@ -234,18 +234,7 @@ def _choice(index: int, sample: Sample, req: ChatRequest, tokenizer: Any) -> dic
         content, tool_calls = parse_tool_calls(sample.text)
         if tool_calls and finish == "stop":
             finish = "tool_calls"
-    choice: dict[str, Any] = {
-        "index": index,
-        "message": {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": tool_calls,
-            "reasoning_content": None,
-        },
-        "logprobs": None,
-        "finish_reason": finish,
-        "stop_reason": None,
-    }
+    choice = chat_choice(index, content, tool_calls, finish)
     if req.logprobs:
         tops = sample.top_logprobs or [None] * len(sample.token_ids)
         choice["logprobs"] = {
