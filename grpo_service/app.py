@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
@@ -138,7 +139,8 @@ def create_app(
             if tracer is not None and hasattr(tracer, "close"):
                 await tracer.close()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the service itself, not a CDN: they work offline.
+    app = FastAPIOffline(
         title="grpo-service",
         version=__version__,
         description=DESCRIPTION,
