@@ -40,10 +40,11 @@ def collected(
     return db
 
 
-def export(*args: str) -> tuple[str, list[dict]]:
+def export(*args: str, exit_code: int = 0) -> tuple[str, list[dict]]:
+    """Export the fixture's eval episodes (``--mode eval``: eval sessions are left out by default)."""
     out = Path("sft.jsonl")
-    result = runner.invoke(app, ["export-sft", "--out", str(out), *args])
-    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["export-sft", "--out", str(out), "--mode", "eval", *args])
+    assert result.exit_code == exit_code, result.output
     return result.output, [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -76,8 +77,8 @@ def test_export_real_rollouts_with_filters_that_select(collected: Path) -> None:
     assert {e["metadata"]["session_id"] for e in kept} == {
         s["session_id"] for s in sessions if s["total_reward"] >= best
     }
-    output, kept = export("--in", str(collected), "--model", "someone-else")
-    assert kept == [] and "session skipped: model" in output
+    output, kept = export("--in", str(collected), "--model", "someone-else", exit_code=1)
+    assert kept == [] and "session skipped: model" in output and "no examples" in output
     _, kept = export("--in", str(collected), "--limit", "2")
     assert {e["metadata"]["session_id"] for e in kept} == {s["session_id"] for s in sessions[:2]}
 
@@ -92,7 +93,7 @@ async def test_export_finds_trace_dbs_and_asks_which(
     await writer.close()
     os.utime(older, (time.time() - 3600, time.time() - 3600))
 
-    result = runner.invoke(app, ["export-sft"])  # stdin is not a terminal: the newest is taken
+    result = runner.invoke(app, ["export-sft", "--mode", "all"])  # not a terminal: the newest is taken
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     first = next(i for i, line in enumerate(lines) if "task_app_traces_2025" in line)
@@ -101,7 +102,7 @@ async def test_export_finds_trace_dbs_and_asks_which(
     assert Path("ft_data/crafter_sft.jsonl").exists()  # the default --out
 
     monkeypatch.setattr("grpo_service.cli.export._interactive", lambda: True)
-    result = runner.invoke(app, ["export-sft", "--out", "old.jsonl"], input="2\n")
+    result = runner.invoke(app, ["export-sft", "--mode", "all", "--out", "old.jsonl"], input="2\n")
     assert result.exit_code == 0, result.output
     (example, _) = [json.loads(line) for line in Path("old.jsonl").read_text().splitlines()]
     assert example["metadata"]["run_id"] == "from-the-old-db"
