@@ -172,7 +172,7 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------------- run registry
 
-    def register_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def register_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         existing = self.registry.runs.find(run_id)
         if existing is not None and not existing.finished:
             raise Conflict(f"run {run_id!r} is already running", code="run_exists")
@@ -182,7 +182,7 @@ class RolloutCoordinator:
                 headers={"Retry-After": "1"},
             )
         self.registry.runs.pop(run_id)
-        run = RunHandle(id=run_id, rl_run_id="", kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
+        run = RunHandle(id=run_id, rl_run_id=rl_run_id, kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
         self._evict_finished_runs()
         self.registry.runs.put_evicting(run_id, run)
         return run
@@ -204,6 +204,11 @@ class RolloutCoordinator:
         run.result = result if run.task is not None else None
         run.error = error
 
+    def members(self, run: RunHandle) -> list[RunHandle]:
+        """A group's member runs still in the registry (empty for a single rollout)."""
+        found = (self.registry.runs.find(member_id) for member_id in run.member_ids)
+        return [member for member in found if member is not None]
+
     def abort(self, run_id: str) -> RunHandle:
         run = self.registry.runs.get(run_id)
         run.abort.set()
@@ -217,11 +222,11 @@ class RolloutCoordinator:
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
         run_id = req.run_id or new_instance_id()
-        run = self.register_run(run_id, "rollout", len(req.op_list()))
+        run = self.register_run(run_id, "rollout", len(req.op_list()), req.rl_run_id)
         return await self._run_registered(run, req)
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
-        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()))
+        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id)
         run.task = asyncio.create_task(self._run_registered(run, req))
         run.task.add_done_callback(_consume_exception)
         return run
@@ -535,7 +540,7 @@ class RolloutCoordinator:
             )
         group_id = req.group_id or new_instance_id()
         ops_total = len(_member_request(req, "x", None).op_list()) * req.group_size
-        run = self.register_run(group_id, "group", ops_total)
+        run = self.register_run(group_id, "group", ops_total, req.rl_run_id)
         run.member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         return run
 
@@ -549,7 +554,7 @@ class RolloutCoordinator:
             self._finish_run(run, "failed", error=message)
             raise
         members_runs = [
-            self.register_run(member_id, "rollout", run.ops_total // req.group_size)
+            self.register_run(member_id, "rollout", run.ops_total // req.group_size, req.rl_run_id)
             for member_id in member_ids
         ]
         if run.abort.is_set():
@@ -592,6 +597,10 @@ class RolloutCoordinator:
                 wall_time_s=round(time.monotonic() - started, 6),
             ),
         )
+        # The group's own counters: its members' totals (live, /run/status sums the members).
+        run.ops_executed = sum(m.ops_executed for m in members_runs)
+        run.llm_s = sum(m.llm_s for m in members_runs)
+        run.env_s = sum(m.env_s for m in members_runs)
         self._finish_run(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
