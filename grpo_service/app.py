@@ -19,7 +19,7 @@ from grpo_service.auth import document_security
 from grpo_service.config import Settings
 from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
-from grpo_service.errors import ERROR_RESPONSES, install_error_handlers
+from grpo_service.errors import install_error_handlers
 from grpo_service.gc_tuning import serving_gc
 from grpo_service.limits import BodySizeLimit
 from grpo_service.peers import PeerForwarder, PeerRouter
@@ -149,8 +149,8 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout):
-        app.include_router(module.router, responses=ERROR_RESPONSES)
+    for module in (meta, env, policy, rollout):  # each route lists the errors it can return
+        app.include_router(module.router)
     document_security(app)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
     if forwarder is not None:  # outside CORS: a relayed answer already has the owner's headers

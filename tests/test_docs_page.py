@@ -3,6 +3,7 @@ network beyond 127.0.0.1, in Debian's headless Chromium."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from grpo_service.models import RolloutRequest
 from inference.server_thread import ServerThread
 
 CHROMIUM = "/usr/bin/chromium"
@@ -76,6 +78,12 @@ def test_docs_render_offline_in_chromium(server: ServerThread, browser: object) 
     title = driver.find_element(By.CSS_SELECTOR, ".info .title").text  # type: ignore[attr-defined]
     assert "grpo-service" in title
     assert not driver.find_elements(By.CSS_SELECTOR, ".errors-wrapper")  # type: ignore[attr-defined]
+
+    # "Try it out" starts from the request model's first example, which works as it is.
+    driver.find_element(By.ID, "operations-rollout-rollout_rollout_post").click()  # type: ignore[attr-defined]
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".try-out__btn"))).click()
+    body = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "textarea.body-param__text")))
+    assert json.loads(body.get_attribute("value")) == RolloutRequest.model_json_schema()["examples"][0]
 
     driver.get(server.base_url + "/redoc")  # type: ignore[attr-defined]
     wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "[role=menuitem], .menu-content")))
