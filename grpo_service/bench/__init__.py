@@ -105,7 +105,10 @@ def bench_main(
 
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
-    report = run_bench(mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False))
+    # markup=False: a progress line such as "spread [1.2, 3.4]" is text, not a rich tag.
+    report = run_bench(
+        mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
+    )
     render_table(report, console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
