@@ -425,7 +425,13 @@ class RolloutRecordConfig(Request):
     model_config = _examples({"logprobs": True})
 
     trajectories: bool = Field(default=True, description="Return the per-step trajectories.")
-    logprobs: bool = Field(default=False, description="Request and keep token ids and logprobs.")
+    logprobs: bool | None = Field(
+        default=None,
+        description=(
+            "Request and keep prompt/completion token ids and logprobs. Default: on in mode 'rl' "
+            "(a trainer needs them), off in mode 'eval'."
+        ),
+    )
     images: bool = Field(default=False, description="Keep image fields in recorded observations.")
     observations: bool = Field(default=True, description="Keep each step's observation.")
     return_trace: bool = Field(
@@ -559,6 +565,10 @@ class RolloutMetrics(BaseModel):
     wall_time_s: float = Field(description="Seconds from start to end.")
     prompt_tokens: int = Field(default=0, description="Prompt tokens over all calls.")
     completion_tokens: int = Field(default=0, description="Completion tokens over all calls.")
+    llm_calls_without_tokens: int = Field(
+        default=0,
+        description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
+    )
 
 
 class RolloutResponse(BaseModel):
@@ -582,6 +592,10 @@ class RolloutResponse(BaseModel):
     group_id: str | None = Field(default=None, description="The group it belongs to.")
     group_index: int | None = Field(default=None, description="Its index in the group.")
     trace: dict[str, Any] | None = Field(default=None, description="With `record.return_trace`: the trace.")
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Problems that leave the result usable but not as asked (e.g. no token ids).",
+    )
 
 
 class RolloutGroupRequest(Request):
@@ -653,12 +667,16 @@ class GroupMetrics(BaseModel):
     completed: int = Field(description="Members with status `completed`.")
     failed: int = Field(description="Members with status `failed`.")
     wall_time_s: float = Field(description="Seconds for the whole group.")
+    llm_calls_without_tokens: int = Field(
+        default=0, description="Summed over members: LLM calls recorded without token ids or logprobs."
+    )
 
 
 class RolloutGroupResponse(BaseModel):
     group_id: str = Field(description="The group's id.")
     members: list[GroupMember] = Field(description="Always G members, in index order.")
     metrics: GroupMetrics = Field(description="Returns across the group.")
+    warnings: list[str] = Field(default_factory=list, description="The members' warnings, each once.")
 
 
 class RunStarted(BaseModel):

@@ -310,6 +310,7 @@ class RolloutCoordinator:
         ops = req.op_list()
         llm_timeout = req.safety.llm_timeout_s or self.settings.inference_timeout_s
         record = req.record
+        with_tokens = records_tokens(req)
 
         env, owns_env = (
             (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
@@ -348,7 +349,7 @@ class RolloutCoordinator:
                     timeout = min(llm_timeout, max(0.001, deadline - t0))
                     decision = await self._guarded(
                         self.policies.step(
-                            policy, current.observation, record_logprobs=record.logprobs, timeout_s=timeout
+                            policy, current.observation, record_logprobs=with_tokens, timeout_s=timeout
                         ),
                         run,
                         deadline,
@@ -361,7 +362,7 @@ class RolloutCoordinator:
                     )
                     decisions.append(pending)
                     if decision.error:
-                        episode.steps.append(self._step_record(pending, record))
+                        episode.steps.append(self._step_record(pending, record, with_tokens))
                         raise _Stop(f"policy_error:{decision.error}")
                 else:
                     assert pending is not None  # the request validator guarantees an agent op came first
@@ -370,13 +371,13 @@ class RolloutCoordinator:
                         result = await self.envs.step_handle(env, tool_calls=pending.decision.tool_calls)
                     except PluginError as exc:
                         pending.decision.error, pending.decision.error_detail = "invalid_action", str(exc)
-                        episode.steps.append(self._step_record(pending, record))
+                        episode.steps.append(self._step_record(pending, record, with_tokens))
                         raise _Stop("policy_error:invalid_action") from None
                     pending.env_ms = (time.monotonic() - t0) * 1000
                     run.env_s += pending.env_ms / 1000
                     pending.result = result
                     policy.policy.observe_outcome(result)
-                    episode.steps.append(self._step_record(pending, record))
+                    episode.steps.append(self._step_record(pending, record, with_tokens))
                     episode.total_reward += result.reward
                     episode.achievements.extend(result.info.get("achievements_unlocked", []))
                     pending, current = None, result
@@ -422,11 +423,13 @@ class RolloutCoordinator:
         status = (
             "aborted" if stop_reason == "aborted" else ("failed" if stop_reason == "error" else "completed")
         )
+        metrics = self._metrics(episodes, decisions, run, time.monotonic() - started, with_tokens)
         response = RolloutResponse(
             run_id=run.id,
             status=status,
             trajectories=trajectories,
-            metrics=self._metrics(episodes, decisions, run, time.monotonic() - started),
+            metrics=metrics,
+            warnings=[untrainable_warning(metrics)] if metrics.llm_calls_without_tokens else [],
             aborted=stop_reason in ("aborted", "time_limit"),
             ops_executed=ops_executed,
             stop_reason=stop_reason,
@@ -456,7 +459,7 @@ class RolloutCoordinator:
     # ------------------------------------------------------------------------------ records
 
     @staticmethod
-    def _step_record(d: DecisionTrace, record: Any) -> RolloutStep:
+    def _step_record(d: DecisionTrace, record: Any, with_tokens: bool) -> RolloutStep:
         result = d.result
         observation = None
         if record.observations:
@@ -473,7 +476,7 @@ class RolloutCoordinator:
             step_idx=result.step_idx if result else 0,
             decision_error=d.decision.error,
             decision_error_detail=d.decision.error_detail,
-            llm=llm_record(d.decision.llm_call, record.logprobs),
+            llm=llm_record(d.decision.llm_call, with_tokens),
             timing={
                 "llm_ms": d.decision.llm_call.latency_ms if d.decision.llm_call else 0.0,
                 "env_ms": round(d.env_ms, 3),
@@ -504,7 +507,11 @@ class RolloutCoordinator:
 
     @staticmethod
     def _metrics(
-        episodes: list[_Episode], decisions: list[DecisionTrace], run: RunHandle, wall_s: float
+        episodes: list[_Episode],
+        decisions: list[DecisionTrace],
+        run: RunHandle,
+        wall_s: float,
+        with_tokens: bool,
     ) -> RolloutMetrics:
         returns = [round(ep.total_reward, 6) for ep in episodes]
         achievements = sorted({a for ep in episodes for a in ep.achievements})
@@ -524,6 +531,7 @@ class RolloutCoordinator:
             wall_time_s=round(wall_s, 6),
             prompt_tokens=sum(int(u.get("prompt_tokens") or 0) for u in usage),
             completion_tokens=sum(int(u.get("completion_tokens") or 0) for u in usage),
+            llm_calls_without_tokens=sum(1 for c in calls if _untrainable(c)) if with_tokens else 0,
         )
 
     # ------------------------------------------------------------------------------- groups
@@ -595,7 +603,11 @@ class RolloutCoordinator:
                 completed=sum(1 for m in members if m.status == "completed"),
                 failed=sum(1 for m in members if m.status == "failed"),
                 wall_time_s=round(time.monotonic() - started, 6),
+                llm_calls_without_tokens=sum(
+                    m.result.metrics.llm_calls_without_tokens for m in members if m.result
+                ),
             ),
+            warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
         )
         # The group's own counters: its members' totals (live, /run/status sums the members).
         run.ops_executed = sum(m.ops_executed for m in members_runs)
@@ -630,6 +642,26 @@ def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) ->
         safety=req.safety,
         rl_run_id=req.rl_run_id,
         mode=req.mode,
+    )
+
+
+def records_tokens(req: RolloutRequest) -> bool:
+    """Whether a rollout requests and keeps token ids and logprobs: as asked, else in mode "rl"."""
+    return req.record.logprobs if req.record.logprobs is not None else req.mode == "rl"
+
+
+def _untrainable(call: LLMCall) -> bool:
+    """An answered call that came back without the token ids or logprobs a trainer needs."""
+    return call.response is not None and (
+        call.prompt_token_ids is None or call.completion_token_ids is None or call.completion_logprobs is None
+    )
+
+
+def untrainable_warning(metrics: RolloutMetrics) -> str:
+    return (
+        f"no_token_ids: the inference server returned no token ids or logprobs for "
+        f"{metrics.llm_calls_without_tokens} of {metrics.llm_calls} LLM calls, so these steps cannot be "
+        "trained on (vLLM >= 0.10.2 returns them with return_token_ids; OpenAI and Groq do not)"
     )
 
 
