@@ -169,3 +169,49 @@ def _called_actions(tool_calls: Any) -> list[Any]:
 
 def _time(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+@traces_app.command("export-synth")
+def export_synth_command(
+    ctx: typer.Context,
+    out: Annotated[
+        Path, typer.Option("--out", dir_okay=False, help="New SQLite file with Synth's v3 tables.")
+    ] = Path("traces/v3/synth_ai.db"),
+    in_db: InDB = None,
+) -> None:
+    """Copy a trace DB into Synth's trace schema v3 (session_traces, session_timesteps, events,
+    messages, outcome_rewards, event_rewards), for Synth's own exporter and tools."""
+    from rich.console import Console
+
+    from grpo_service.tracing.synth import export_synth_db
+
+    console = Console()
+    with _open(in_db or ctx.obj, console) as reader:
+        source = reader.path
+    try:
+        counts = export_synth_db(source, out)
+    except FileExistsError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from None
+    console.print(f"wrote {out}: " + ", ".join(f"{table} {n}" for table, n in counts.items()))
+
+
+@traces_app.command("synth-views")
+def synth_views_command(ctx: typer.Context, in_db: InDB = None) -> None:
+    """Add Synth's v3 tables to a trace DB as views named synth_<table> (for SQL; nothing is copied)."""
+    import sqlite3
+
+    from rich.console import Console
+
+    from grpo_service.tracing.synth import install_views
+
+    console = Console()
+    with _open(in_db or ctx.obj, console) as reader:
+        path = reader.path
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            names = install_views(conn)
+    finally:
+        conn.close()
+    console.print(f"{path}: views {', '.join(names)}")
