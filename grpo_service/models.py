@@ -778,16 +778,21 @@ class PageInfo(BaseModel):
     next_offset: int | None = Field(description="`offset` of the next page; null on the last page.")
 
 
-class EnvSummary(BaseModel):
-    env_id: str = Field(description="The id to pass to /env/step, /env/snapshot, ...")
-    env_name: str = Field(description="The environment plug-in, e.g. `crafter`.")
+class LiveObjectSummary(BaseModel):
+    """What every listed env and policy shows: its owner, age and use."""
+
     rl_run_id: str = Field(description="The owner: the `rl_run_id` given at creation.")
     created_at: float = Field(description="Unix time of creation.")
     age_s: float = Field(description="Seconds since creation.")
-    idle_s: float = Field(description="Seconds since last use; idle envs are reaped after IDLE_TTL_S.")
+    idle_s: float = Field(description="Seconds since last use; idle objects are reaped after IDLE_TTL_S.")
+    in_use: bool = Field(description="A running rollout or request is using it.")
+
+
+class EnvSummary(LiveObjectSummary):
+    env_id: str = Field(description="The id to pass to /env/step, /env/snapshot, ...")
+    env_name: str = Field(description="The environment plug-in, e.g. `crafter`.")
     step_idx: int | None = Field(description="Steps taken in the current episode.")
     done: bool = Field(description="The current episode has ended (reset it to play on).")
-    in_use: bool = Field(description="A running rollout or request is using it.")
     parent_env_id: str | None = Field(default=None, description="The env it was branched from.")
 
 
@@ -795,15 +800,10 @@ class EnvList(PageInfo):
     envs: list[EnvSummary] = Field(description="Oldest first.")
 
 
-class PolicySummary(BaseModel):
+class PolicySummary(LiveObjectSummary):
     policy_id: str = Field(description="The id to pass to /policy/step, /rollout, ...")
     policy_name: str = Field(description="The policy plug-in, e.g. `crafter-react`.")
-    rl_run_id: str = Field(description="The owner: the `rl_run_id` given at creation.")
-    created_at: float = Field(description="Unix time of creation.")
-    age_s: float = Field(description="Seconds since creation.")
-    idle_s: float = Field(description="Seconds since last use; idle policies are reaped after IDLE_TTL_S.")
     bound_env_id: str | None = Field(description="The env whose observations it reads by default.")
-    in_use: bool = Field(description="A running rollout or request is using it.")
 
 
 class PolicyList(PageInfo):

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, Query
+
+from grpo_service.registry import Handle
 
 T = TypeVar("T")
 
@@ -44,4 +47,15 @@ def paginate(items: Iterable[T], page: Page, owner: Callable[[T], str], summary:
         "offset": page.offset,
         "limit": page.limit,
         "next_offset": end if end < len(matching) else None,
+    }
+
+
+def live_object_fields(handle: Handle) -> dict[str, Any]:
+    """The `LiveObjectSummary` fields of an env or policy handle."""
+    return {
+        "rl_run_id": handle.rl_run_id,
+        "created_at": handle.created_at,
+        "age_s": round(time.time() - handle.created_at, 3),
+        "idle_s": round(time.monotonic() - handle.last_used, 3),
+        "in_use": handle.busy,
     }

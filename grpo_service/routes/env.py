@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Depends
 
 from grpo_service.auth import require_api_key
@@ -26,7 +24,7 @@ from grpo_service.models import (
     SnapshotResponse,
     TerminateResponse,
 )
-from grpo_service.paging import PageDep, paginate
+from grpo_service.paging import PageDep, live_object_fields, paginate
 from grpo_service.registry import EnvHandle, SnapshotMeta
 
 router = APIRouter(
@@ -120,14 +118,10 @@ def env_summary(handle: EnvHandle) -> EnvSummary:
     return EnvSummary(
         env_id=handle.id,
         env_name=handle.env_name,
-        rl_run_id=handle.rl_run_id,
-        created_at=handle.created_at,
-        age_s=round(time.time() - handle.created_at, 3),
-        idle_s=round(time.monotonic() - handle.last_used, 3),
         step_idx=last.step_idx if last else None,
         done=bool(last and last.done),
-        in_use=handle.busy,
         parent_env_id=handle.parent_env_id,
+        **live_object_fields(handle),
     )
 
 

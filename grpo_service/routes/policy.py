@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 from fastapi import APIRouter, Depends
 
 from grpo_service.auth import require_api_key
@@ -24,7 +22,7 @@ from grpo_service.models import (
     SnapshotResponse,
     TerminateResponse,
 )
-from grpo_service.paging import PageDep, paginate
+from grpo_service.paging import PageDep, live_object_fields, paginate
 from grpo_service.registry import PolicyHandle
 from grpo_service.rollout import llm_record
 from grpo_service.routes.env import snapshot_response
@@ -108,12 +106,8 @@ def policy_summary(handle: PolicyHandle) -> PolicySummary:
     return PolicySummary(
         policy_id=handle.id,
         policy_name=handle.policy_name,
-        rl_run_id=handle.rl_run_id,
-        created_at=handle.created_at,
-        age_s=round(time.time() - handle.created_at, 3),
-        idle_s=round(time.monotonic() - handle.last_used, 3),
         bound_env_id=handle.bound_env_id,
-        in_use=handle.busy,
+        **live_object_fields(handle),
     )
 
 
