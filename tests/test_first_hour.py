@@ -157,6 +157,23 @@ def test_the_readme_workflow_yields_sft_data_and_an_evaluation(shell: Shell) -> 
     assert again.returncode == 0 and "session skipped: mode" in again.stdout
     assert (shell.cwd / "ft_data" / "crafter_sft.jsonl").read_text().splitlines() == lines
 
+    # A GRPO group against the README's fake has spread: its members sample different answers.
+    group = httpx.post(
+        shell.url("8000") + "/rollout/group",
+        json={
+            "group_size": 8,
+            "env": {"env_name": "crafter", "seed": 123},
+            "policy": {"policy_name": "crafter-react", "config": {"temperature": 1.0}},
+            "max_turns": 5,
+        },
+        timeout=120,
+    ).json()
+    plays = {
+        tuple(tuple(step["actions"]) for step in m["result"]["trajectories"][0]["steps"])
+        for m in group["members"]
+    }
+    assert len(plays) == 8, plays
+
     # The session list and the turn-by-turn view of the collected run.
     listed = shell.run("grpo-service traces --last 0")
     assert listed.returncode == 0 and "local-trace" in listed.stdout, listed.stdout + listed.stderr
