@@ -77,6 +77,18 @@ class StepResult:
     step_idx: int
 
 
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """The current state drawn for people (the trace viewer), never shown to a policy.
+
+    ``png``: an image (PNG bytes), for games with a picture (Crafter, BabyAI's grid).
+    ``text``: a fixed-width text rendering, for games without one (or beside the image).
+    """
+
+    png: bytes | None = None
+    text: str | None = None
+
+
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
 
 
@@ -148,6 +160,14 @@ class Environment(abc.ABC, Generic[ConfigT]):
     def from_state(cls, state: bytes) -> Environment:
         """Rebuild an instance from ``get_state()`` output (``InvalidState`` if unusable)."""
 
+    def render_frame(self) -> Frame | None:
+        """The current state as a `Frame` for the trace viewer, or None if the game has none.
+
+        The viewer replays a recorded rollout (seed, then each step's actions) and calls this
+        between steps, so it must neither change the state nor draw from the env's RNG.
+        """
+        return None
+
     def state_metadata(self) -> dict[str, Any]:
         """Versions and facts recorded beside the state in a snapshot."""
         return {"env_name": self.name, "env_version": self.version, "seed": self.seed}
@@ -205,12 +225,27 @@ class PolicyContext:
 
     inference_url: str = "http://localhost:8001"
     model: str | None = None
+    # The service's inference key: sent to `inference_url` and `key_urls` only, never to a URL
+    # a caller names (that caller brings its own key in the policy config).
     api_key: str | None = None
+    key_urls: tuple[str, ...] = ()
     request_timeout_s: float = 120.0
     max_retries: int = 3
     # The service's shared `inference.ClientPool` (connection reuse across policies); a policy
     # built without one (tests, scripts) makes its own client.
     client_pool: Any = None
+
+    def api_key_for(self, url: str, own_key: str | None = None) -> str | None:
+        """The key to send to ``url``: the policy's own if it has one; else the service's key
+        (``None`` lets the client fall back to ``INFERENCE_API_KEY``/``OPENAI_API_KEY``) when
+        ``url`` is the service's endpoint or in ``key_urls``; else ``"EMPTY"`` (no credentials)."""
+        from inference.openai_client import same_endpoint  # inference imports this module
+
+        if own_key:
+            return own_key
+        if any(same_endpoint(url, trusted) for trusted in (self.inference_url, *self.key_urls)):
+            return self.api_key
+        return "EMPTY"
 
 
 class Policy(abc.ABC, Generic[ConfigT]):

@@ -50,7 +50,11 @@ class ErrorBody(BaseModel):
     )
 
 
-def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> None:
+MAX_TURNS = 100_000
+MAX_OPS = 2 * MAX_TURNS  # a request's own ops: max_turns × (agent, env), or an `ops` list
+
+
+def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int | None) -> None:
     """Validate the op sequence of a rollout or group request up front."""
     if ops is None and max_turns is None:
         raise ValueError("give 'ops' or 'max_turns'")
@@ -60,8 +64,9 @@ def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> Non
         return
     if not ops:
         raise ValueError("'ops' is empty")
-    if len(ops) > max_ops:
-        raise ValueError(f"'ops' has {len(ops)} entries, more than safety.max_ops={max_ops}")
+    if len(ops) > (max_ops or MAX_OPS):
+        limit = f"safety.max_ops={max_ops}" if max_ops else f"the maximum of {MAX_OPS}"
+        raise ValueError(f"'ops' has {len(ops)} entries, more than {limit}")
     pending = False
     for i, op in enumerate(ops):
         if op == "agent":
@@ -444,7 +449,13 @@ class RolloutSafetyConfig(Request):
 
     model_config = _examples({"max_time_s": 600})
 
-    max_ops: int = Field(default=100_000, ge=1, le=1_000_000, description="Ops at most.")
+    max_ops: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Stop after this many ops (agent and env each count one). Default: no cap "
+        "beyond the request's own ops (max_turns × 2, or the length of 'ops').",
+    )
     max_time_s: float = Field(default=3_600.0, gt=0, le=86_400, description="Wall-clock seconds at most.")
     llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
 
@@ -475,7 +486,7 @@ class RolloutRequest(Request):
     policy: RolloutPolicySpec = Field(description="Who plays.")
     ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
     max_turns: int | None = Field(
-        default=None, ge=1, le=100_000, description="Shorthand: ops = [agent, env] × N."
+        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N."
     )
     on_done: Literal["reset", "terminate"] = Field(
         default="reset", description="At the end of an episode: start the next one, or stop."
@@ -582,7 +593,8 @@ class RolloutResponse(BaseModel):
     aborted: bool = Field(description="Stopped by /run/abort or the time limit.")
     ops_executed: int = Field(description="Ops done.")
     stop_reason: str = Field(
-        description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | error"
+        description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | "
+        "env_terminated | policy_terminated (terminated by a caller mid-rollout) | error"
     )
     error: str | None = Field(
         default=None, description="An unexpected fault's message (stop_reason `error`)."
@@ -625,7 +637,7 @@ class RolloutGroupRequest(Request):
     env: RolloutEnvSpec = Field(description="The common start: `env_name` + `seed`, or `snapshot_id`.")
     policy: RolloutPolicySpec = Field(description="`policy_name` + `config`: each member gets its own.")
     ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
-    max_turns: int | None = Field(default=None, ge=1, le=100_000, description="Decisions per member.")
+    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS, description="Decisions per member.")
     on_done: Literal["reset", "terminate"] = Field(
         default="terminate", description="At the end of an episode: start the next one, or stop."
     )

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from envs.base import LLMCall, PluginError, PolicyDecision, StepResult
 from grpo_service.config import Settings
 from grpo_service.environments import EnvManager
-from grpo_service.errors import CapacityExceeded, Conflict, ServiceError, Unprocessable
+from grpo_service.errors import CapacityExceeded, Conflict, NotFound, ServiceError, Unprocessable
 from grpo_service.models import (
     GroupMember,
     GroupMetrics,
@@ -45,6 +45,7 @@ T = TypeVar("T")
 H = TypeVar("H", EnvHandle, PolicyHandle)
 
 IMAGE_KEYS = ("image_png_base64", "image")
+TERMINATED = ("env_terminated", "policy_terminated")  # stop reasons: a caller ended what it played
 
 
 # ----------------------------------------------------------------------------------- traces
@@ -173,14 +174,25 @@ class RolloutCoordinator:
     # ------------------------------------------------------------------------- run registry
 
     def register_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
-        existing = self.registry.runs.find(run_id)
-        if existing is not None and not existing.finished:
-            raise Conflict(f"run {run_id!r} is already running", code="run_exists")
-        if self.registry.active_runs() >= self.registry.max_active_runs:
+        self._admit([run_id])
+        return self._add_run(run_id, kind, ops_total, rl_run_id)
+
+    def _admit(self, run_ids: list[str]) -> None:
+        """Refuse (409/429) unless every one of ``run_ids`` can be registered now. Registering
+        them must follow with no ``await`` in between, so that admission is all-or-nothing."""
+        for run_id in run_ids:
+            existing = self.registry.runs.find(run_id)
+            if existing is not None and not existing.finished:
+                raise Conflict(f"run {run_id!r} is already running", code="run_exists")
+        if self.registry.active_runs() + len(run_ids) > self.registry.max_active_runs:
+            needed = f"{len(run_ids)} run slots" if len(run_ids) > 1 else "a run slot"
             raise CapacityExceeded(
-                f"{self.registry.max_active_runs} runs are already active; retry later",
+                f"{self.registry.max_active_runs} runs at most may be active and {needed} are not "
+                "free; retry later",
                 headers={"Retry-After": "1"},
             )
+
+    def _add_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self.registry.runs.pop(run_id)
         run = RunHandle(id=run_id, rl_run_id=rl_run_id, kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
         self._evict_finished_runs()
@@ -203,11 +215,6 @@ class RolloutCoordinator:
         # returned it, and 2,000 kept results of long rollouts would hold about a GiB.
         run.result = result if run.task is not None else None
         run.error = error
-
-    def members(self, run: RunHandle) -> list[RunHandle]:
-        """A group's member runs still in the registry (empty for a single rollout)."""
-        found = (self.registry.runs.find(member_id) for member_id in run.member_ids)
-        return [member for member in found if member is not None]
 
     def abort(self, run_id: str) -> RunHandle:
         run = self.registry.runs.get(run_id)
@@ -323,6 +330,7 @@ class RolloutCoordinator:
         stop_reason = "completed"
         error: str | None = None
         ops_executed = 0
+        pending: DecisionTrace | None = None
         try:
             policy, owns_policy = await self._resolve_policy(req.policy, env, req.rl_run_id)
             policy.pins += 1
@@ -336,13 +344,12 @@ class RolloutCoordinator:
                 policy.policy.reset()
             episode = _Episode(index=0, seed=getattr(env.env, "seed", None))
             episodes.append(episode)
-            pending: DecisionTrace | None = None
             for op in ops:
                 if run.abort.is_set():
                     raise _Stop("aborted")
                 if time.monotonic() >= deadline:
                     raise _Stop("time_limit")
-                if ops_executed >= req.safety.max_ops:
+                if req.safety.max_ops is not None and ops_executed >= req.safety.max_ops:
                     raise _Stop("max_ops")
                 if op == "agent":
                     t0 = time.monotonic()
@@ -396,6 +403,14 @@ class RolloutCoordinator:
                 run.ops_executed = ops_executed
         except _Stop as stop:
             stop_reason = stop.reason
+        except NotFound:
+            # A caller terminated the env or policy mid-rollout: keep what ran, say how it ended.
+            ended = _terminated(env, policy)
+            if ended is None:
+                raise
+            stop_reason = ended
+            if pending is not None and pending.result is None:  # decided, never executed
+                episode.steps.append(self._step_record(pending, record, with_tokens))
         except ServiceError:
             raise
         except PluginError:
@@ -421,7 +436,9 @@ class RolloutCoordinator:
                 episodes.pop()  # an episode reset into and never played
         trajectories = [self._trajectory(ep, env, policy) for ep in episodes] if record.trajectories else []
         status = (
-            "aborted" if stop_reason == "aborted" else ("failed" if stop_reason == "error" else "completed")
+            "aborted"
+            if stop_reason in ("aborted", *TERMINATED)
+            else ("failed" if stop_reason == "error" else "completed")
         )
         metrics = self._metrics(episodes, decisions, run, time.monotonic() - started, with_tokens)
         response = RolloutResponse(
@@ -430,7 +447,7 @@ class RolloutCoordinator:
             trajectories=trajectories,
             metrics=metrics,
             warnings=[untrainable_warning(metrics)] if metrics.llm_calls_without_tokens else [],
-            aborted=stop_reason in ("aborted", "time_limit"),
+            aborted=stop_reason in ("aborted", "time_limit", *TERMINATED),
             ops_executed=ops_executed,
             stop_reason=stop_reason,
             error=error,
@@ -537,37 +554,35 @@ class RolloutCoordinator:
     # ------------------------------------------------------------------------------- groups
 
     def _register_group(self, req: RolloutGroupRequest) -> RunHandle:
+        """The group's run and its members' runs, admitted together or not at all (a group that
+        took the slots its members need later would leave them half-registered for good)."""
         if req.group_size > self.settings.max_group_size:
             raise Unprocessable(  # a retry cannot succeed: not a 429
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
-        if self.registry.active_runs() + req.group_size + 1 > self.registry.max_active_runs:
-            raise CapacityExceeded(
-                "not enough free run slots for this group; retry later", headers={"Retry-After": "1"}
-            )
         group_id = req.group_id or new_instance_id()
-        ops_total = len(_member_request(req, "x", None).op_list()) * req.group_size
-        run = self.register_run(group_id, "group", ops_total, req.rl_run_id)
-        run.member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
+        member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
+        self._admit([group_id, *member_ids])
+        member_ops = len(_member_request(req, "x", None).op_list())
+        run = self._add_run(group_id, "group", member_ops * req.group_size, req.rl_run_id)
+        run.member_ids = member_ids
+        run.member_runs = [
+            self._add_run(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
+        ]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
         started = time.monotonic()
-        member_ids = run.member_ids
+        member_ids, members_runs = run.member_ids, run.member_runs
         try:
             start_envs = await self._group_start_envs(req)
         except BaseException as exc:
             message = exc.message if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
+            for member in members_runs:
+                self._finish_run(member, "failed", error=f"the group could not start: {message}")
             self._finish_run(run, "failed", error=message)
             raise
-        members_runs = [
-            self.register_run(member_id, "rollout", run.ops_total // req.group_size, req.rl_run_id)
-            for member_id in member_ids
-        ]
-        if run.abort.is_set():
-            for member in members_runs:
-                member.abort.set()
 
         async def play(i: int) -> RolloutResponse:
             member_req = _member_request(req, member_ids[i], i)
@@ -671,6 +686,14 @@ def _unshared(handle: H, what: str) -> H:
     if handle.pins:
         raise Conflict(f"{what} {handle.id} is in use by another running rollout", code=f"{what}_in_use")
     return handle
+
+
+def _terminated(env: EnvHandle, policy: PolicyHandle | None) -> str | None:
+    if env.closed:
+        return "env_terminated"
+    if policy is not None and policy.closed:
+        return "policy_terminated"
+    return None
 
 
 def _public_config(state: dict[str, Any]) -> dict[str, Any]:

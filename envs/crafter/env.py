@@ -18,6 +18,7 @@ from pydantic import Field, ValidationError
 from envs.base import (
     Environment,
     EpisodeOver,
+    Frame,
     InvalidAction,
     InvalidConfig,
     InvalidState,
@@ -33,6 +34,7 @@ from envs.crafter.worlds import WorldCache, default_world_cache
 
 CRAFTER_VERSION = importlib.metadata.version("crafter")
 MAX_STEPS = 10_000
+FRAME_SIZE = 144  # pixels per side of `render_frame`: 9 tiles at the textures' own 16 px (stock: 64)
 _SEED_RANGE = (-(2**63), 2**63 - 1)
 
 
@@ -126,6 +128,11 @@ class CrafterEnv(Environment[CrafterConfig]):
     @property
     def done(self) -> bool:
         return self._started and self._sim is not None and self._sim.over
+
+    def render_frame(self) -> Frame:
+        """The frame stock Crafter would show now, drawn at `FRAME_SIZE` pixels: the 9x7 tiles
+        around the player and the inventory below, darkened at night with the last tick's noise."""
+        return Frame(png=self._started_sim().render_png(FRAME_SIZE))
 
     def close(self) -> None:
         self._sim = None

@@ -63,10 +63,15 @@ class _LocalView(engine.LocalView):
     noise: np.ndarray | None = None
 
     def _noise(self, canvas: np.ndarray, amount: float, stddev: float) -> np.ndarray:
-        if self.noise is None or self.noise.shape != canvas.shape[:2]:
+        noise = self.noise
+        if noise is None:
             raise RuntimeError("a night frame was rendered without the noise of its step")
+        if noise.shape != canvas.shape[:2]:  # a larger frame: each drawn value covers a block
+            rows = np.arange(canvas.shape[0]) * noise.shape[0] // canvas.shape[0]
+            cols = np.arange(canvas.shape[1]) * noise.shape[1] // canvas.shape[1]
+            noise = noise[np.ix_(rows, cols)]
         mask = amount * _vignette(canvas.shape, stddev)[..., None]
-        return (1 - mask) * canvas + mask * self.noise[..., None]
+        return (1 - mask) * canvas + mask * noise[..., None]
 
 
 class SortedBalanceMixin:
@@ -138,9 +143,20 @@ class DeterministicCrafter(SortedBalanceMixin, crafter.Env):
         """The episode has ended, by death or by reaching ``length`` steps."""
         return self.dead or self._step >= self._length
 
-    def render_png(self) -> bytes:
-        """The frame a rendering env would show now, PNG-encoded. Consumes no randomness."""
-        frame = self.render()
+    def render_png(self, size: int | None = None) -> bytes:
+        """The frame a rendering env would show now, PNG-encoded. Consumes no randomness.
+
+        ``size`` (pixels per side, default Crafter's 64) above 64 draws the textures at that
+        scale; the night noise drawn for the 64-pixel frame is scaled up with them. A night
+        frame needs the noise of the last tick (or reset): an env restored from a snapshot
+        has none until it steps, and then renders without it rather than fail.
+        """
+        view = self._local_view
+        if view.noise is None and self._world.daylight < 0.5:
+            # Restored at night: the noise was drawn before the snapshot. A fixed substitute,
+            # from its own generator: the world RNG is never touched.
+            view.noise = np.random.default_rng(int(self._step)).uniform(32, 127, self._noise_shape)
+        frame = self.render(None if size is None else (size, size))
         buf = io.BytesIO()
         Image.fromarray(frame).save(buf, format="PNG")
         return buf.getvalue()

@@ -101,7 +101,7 @@ async def run_status(
 ) -> RunStatusResponse:
     """Status, progress and timings of a run; the full result once it has finished."""
     run = services.registry.runs.get(run_id)
-    members = services.coordinator.members(run)
+    members = run.member_runs
     ops, llm_s, env_s = _progress(run, members)
     return RunStatusResponse(
         run_id=run.id,
@@ -160,7 +160,7 @@ async def run_list(page: PageDep, services: ServicesDep) -> RunList:
     A group's members are listed as runs of their own (``{group_id}.{index}``)."""
 
     def summary(run: RunHandle) -> RunSummary:
-        return run_summary(run, _progress(run, services.coordinator.members(run))[0])
+        return run_summary(run, _progress(run, run.member_runs)[0])
 
     listed = paginate(services.registry.runs, page, lambda r: r.rl_run_id, summary)
     return RunList(runs=listed.pop("items"), **listed)
