@@ -77,7 +77,7 @@ _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [
 
 # What each status means here; a route documents only those it can return (`error_responses`).
 ERROR_MEANINGS: dict[int, str] = {
-    400: "Invalid action, or an unknown environment or policy plug-in",
+    400: "Invalid action, unknown environment or policy plug-in, or a body that is not UTF-8 text",
     401: "Missing or wrong API key (only when ENVIRONMENT_API_KEY is set)",
     404: "Unknown id: never issued, terminated, or expired after the idle TTL",
     409: "The episode is over, or the env/policy/run is in use by a running rollout",

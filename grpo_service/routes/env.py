@@ -56,7 +56,9 @@ async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateRespo
     )
 
 
-@router.post("/reset", response_model=EnvResetResponse, responses=error_responses(404, 409, 413, 421, 422))
+@router.post(
+    "/reset", response_model=EnvResetResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse:
     """Start a new episode (of ``seed`` if given, else the next episode of the env's seed)."""
     result = await services.envs.reset(req.env_id, req.seed)
@@ -84,13 +86,17 @@ async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
     )
 
 
-@router.post("/snapshot", response_model=SnapshotResponse, responses=error_responses(404, 409, 413, 421, 422))
+@router.post(
+    "/snapshot", response_model=SnapshotResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def snapshot(req: EnvSnapshotRequest, services: ServicesDep) -> SnapshotResponse:
     """Save the env's full live state; restore it with the returned ``snapshot_id``."""
     return snapshot_response(await services.envs.snapshot(req.env_id, req.rl_run_id))
 
 
-@router.post("/restore", response_model=EnvRestoreResponse, responses=error_responses(404, 413, 422, 429))
+@router.post(
+    "/restore", response_model=EnvRestoreResponse, responses=error_responses(400, 404, 413, 422, 429)
+)
 async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreResponse:
     """A new env that continues exactly where the snapshot was taken."""
     handle = await services.envs.restore(req.snapshot_id, req.rl_run_id)
@@ -107,7 +113,7 @@ async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreRe
     )
 
 
-@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(413, 422))
+@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(400, 413, 422))
 async def terminate(req: EnvTerminateRequest, services: ServicesDep) -> TerminateResponse:
     """Release an env. Idempotent: an unknown or already terminated id answers ``existed: false``."""
     return TerminateResponse(existed=await services.envs.terminate(req.env_id))

@@ -45,7 +45,9 @@ async def create(req: PolicyCreateRequest, services: ServicesDep) -> PolicyCreat
     )
 
 
-@router.post("/step", response_model=PolicyStepResponse, responses=error_responses(404, 409, 413, 421, 422))
+@router.post(
+    "/step", response_model=PolicyStepResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepResponse:
     """Decide on tool calls for an observation (``dry_run``: only build the inference request)."""
     handle = services.policies.get(req.policy_id)
@@ -75,14 +77,16 @@ async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepRespo
     )
 
 
-@router.post("/snapshot", response_model=SnapshotResponse, responses=error_responses(404, 409, 413, 421, 422))
+@router.post(
+    "/snapshot", response_model=SnapshotResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def snapshot(req: PolicySnapshotRequest, services: ServicesDep) -> SnapshotResponse:
     """Save the policy's state (config, history window, turn index)."""
     return snapshot_response(await services.policies.snapshot(req.policy_id, req.rl_run_id))
 
 
 @router.post(
-    "/restore", response_model=PolicyRestoreResponse, responses=error_responses(404, 413, 421, 422, 429)
+    "/restore", response_model=PolicyRestoreResponse, responses=error_responses(400, 404, 413, 421, 422, 429)
 )
 async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRestoreResponse:
     """A new policy with the snapshot's state, optionally bound to ``bound_env_id``."""
@@ -96,7 +100,7 @@ async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRes
     )
 
 
-@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(413, 422))
+@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(400, 413, 422))
 async def terminate(req: PolicyTerminateRequest, services: ServicesDep) -> TerminateResponse:
     """Release a policy. Idempotent."""
     return TerminateResponse(existed=await services.policies.terminate(req.policy_id))

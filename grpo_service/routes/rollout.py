@@ -78,14 +78,16 @@ async def rollout_group_start(req: RolloutGroupRequest, services: ServicesDep) -
 
 
 @router.post(
-    "/branch", response_model=BranchResponse, responses=error_responses(404, 409, 413, 421, 422, 429)
+    "/branch", response_model=BranchResponse, responses=error_responses(400, 404, 409, 413, 421, 422, 429)
 )
 async def branch(req: BranchRequest, services: ServicesDep) -> BranchResponse:
     """Fork live envs/policies into ``num_children`` exact copies each, with lineage."""
     return await branch_envs(req, services.envs, services.policies)
 
 
-@router.post("/run/abort", response_model=RunAbortResponse, responses=error_responses(404, 413, 421, 422))
+@router.post(
+    "/run/abort", response_model=RunAbortResponse, responses=error_responses(400, 404, 413, 421, 422)
+)
 async def run_abort(req: RunAbortRequest, services: ServicesDep) -> RunAbortResponse:
     """Stop a running rollout or group promptly; partial trajectories are kept."""
     run = services.coordinator.abort(req.run_id)
