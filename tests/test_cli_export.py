@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -99,7 +100,7 @@ async def test_export_finds_trace_dbs_and_asks_which(
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     first = next(i for i, line in enumerate(lines) if "task_app_traces_2025" in line)
-    assert "← most recent" in lines[first] and "task_app_traces_2024" in lines[first + 1]
+    assert "← most recent" in lines[first] and "task_app_traces_2024" in lines[first + 1], result.output
     assert "not a terminal" in result.output
     assert Path("ft_data/crafter_sft.jsonl").exists()  # the default --out
 
@@ -116,3 +117,21 @@ def test_traces_summary_and_a_missing_db(collected: Path) -> None:
     assert "sessions" in result.output and "dropped" in result.output
     result = runner.invoke(app, ["export-sft", "--in", "nope.db"])
     assert result.exit_code == 2 and "no trace DB" in result.output
+
+
+async def test_a_db_named_with_trace_db_is_found_and_other_sqlite_files_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRACE_DB", raising=False)
+    writer = TraceWriter(tmp_path / "runs" / "my-experiment.db")  # serve --trace-db runs/my-experiment.db
+    await writer.start()
+    writer.submit(synthetic_trace("named-db", turns=2))
+    await writer.close()
+    other = sqlite3.connect(tmp_path / "runs" / "unrelated.db")
+    other.execute("CREATE TABLE t (x)")
+    other.close()
+
+    result = runner.invoke(app, ["traces"])
+    assert result.exit_code == 0 and "my-experiment.db" in result.output, result.output
+    assert "unrelated.db" not in result.output and "named-db" in result.output

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from grpo_service.tracing.export import ExportReport
 
 DB_SUFFIXES = (".db", ".sqlite", ".sqlite3")
+SERVE_PREFIX = "task_app_traces"  # `serve --trace DIR` names its files task_app_traces_<time>.db
 SKIP_DIRS = frozenset({"node_modules", "__pycache__", "site-packages"})
 TRACE_TABLES = frozenset({"sessions", "turns", "trace_writers"})
 
@@ -54,7 +55,10 @@ def find_trace_dbs(root: Path) -> list[Path]:
     configured = os.environ.get("TRACE_DB")
     if configured:
         found.add(Path(configured))
-    return sorted((p for p in found if p.is_file() and is_trace_db(p)), key=_last_write, reverse=True)
+    # Times first: opening a WAL-mode DB to look at its tables may touch its -wal/-shm files.
+    written = {p: _last_write(p) for p in found if p.is_file()}
+    dbs = [p for p in written if p.name.startswith(SERVE_PREFIX) or is_trace_db(p)]
+    return sorted(dbs, key=written.__getitem__, reverse=True)
 
 
 def _last_write(db: Path) -> float:
