@@ -134,4 +134,6 @@ async def test_a_db_named_with_trace_db_is_found_and_other_sqlite_files_are_not(
 
     result = runner.invoke(app, ["traces"])
     assert result.exit_code == 0 and "my-experiment.db" in result.output, result.output
-    assert "unrelated.db" not in result.output and "named-db" in result.output
+    assert "unrelated.db" not in result.output
+    shown = runner.invoke(app, ["traces", "show", "named-db"])
+    assert shown.exit_code == 0 and "turn 1 (episode 0)" in shown.output, shown.output
