@@ -25,7 +25,7 @@ from grpo_service.peers import PeerForwarder, PeerRouter
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator, TraceSink
-from grpo_service.routes import env, meta, policy, rollout
+from grpo_service.routes import env, meta, policy, rollout, viewer
 from grpo_service.snapshots import SnapshotService, load_signing_key
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
@@ -147,7 +147,7 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout):
+    for module in (meta, env, policy, rollout, viewer):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     document_security(app)
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])

@@ -13,11 +13,12 @@ import importlib.util
 
 import typer
 
-from grpo_service.cli.eval import eval_command
+from grpo_service.cli.eval import eval_command, eval_report_command
 from grpo_service.cli.export import export_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
 from grpo_service.cli.traces import traces_command
+from grpo_service.cli.view import view_command
 
 app = typer.Typer(
     name="grpo-service",
@@ -30,8 +31,10 @@ app = typer.Typer(
 app.command("serve")(serve_command)
 app.command("rollout")(rollout_command)
 app.command("eval")(eval_command)
+app.command("eval-report")(eval_report_command)
 app.command("export-sft")(export_command)
 app.command("traces")(traces_command)
+app.command("view")(view_command)
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:

@@ -1,0 +1,50 @@
+"""``grpo-service view [DB]``: the trace viewer alone, over any trace DB (no task app needed)."""
+
+from __future__ import annotations
+
+import webbrowser
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+from rich.console import Console
+
+from grpo_service.auth import check_bind_safety
+from grpo_service.cli.export import choose_db
+from grpo_service.errors import ServiceError
+from grpo_service.routes.viewer import create_viewer_app
+from grpo_service.viewer import runs
+
+console = Console()
+
+
+def view_command(
+    db: Annotated[
+        Path | None,
+        typer.Argument(dir_okay=False, help="Trace DB [default: the newest task_app_traces*.db below here]."),
+    ] = None,
+    host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8765,
+    api_key: Annotated[
+        str | None,
+        typer.Option(help="Require this key (needed to listen beyond loopback).", show_default=False),
+    ] = None,
+    open_browser: Annotated[bool, typer.Option("--open", help="Open the viewer in a browser.")] = False,
+) -> None:
+    """Browse the rollouts of a trace DB: run list, step-by-step replay with frames, GRPO groups."""
+    path = db if db is not None else choose_db(Path.cwd())
+    try:
+        with runs.open_trace_db(path) as conn:
+            count = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
+    except ServiceError as exc:
+        console.print(f"[red]cannot view {path}:[/] {exc.message}")
+        raise typer.Exit(2) from None
+    check_bind_safety(host, api_key is not None, allow_insecure=False)
+    url = f"http://{host}:{port}/viewer"
+    console.print(
+        f"[bold]Viewing[/] [cyan]{path}[/] ({count:,} rollouts) at [link={url}]{url}[/link]  (Ctrl-C stops)"
+    )
+    if open_browser:
+        webbrowser.open(url)
+    uvicorn.run(create_viewer_app(path, api_key), host=host, port=port, log_level="warning")
