@@ -225,12 +225,27 @@ class PolicyContext:
 
     inference_url: str = "http://localhost:8001"
     model: str | None = None
+    # The service's inference key: sent to `inference_url` and `key_urls` only, never to a URL
+    # a caller names (that caller brings its own key in the policy config).
     api_key: str | None = None
+    key_urls: tuple[str, ...] = ()
     request_timeout_s: float = 120.0
     max_retries: int = 3
     # The service's shared `inference.ClientPool` (connection reuse across policies); a policy
     # built without one (tests, scripts) makes its own client.
     client_pool: Any = None
+
+    def api_key_for(self, url: str, own_key: str | None = None) -> str | None:
+        """The key to send to ``url``: the policy's own if it has one; else the service's key
+        (``None`` lets the client fall back to ``INFERENCE_API_KEY``/``OPENAI_API_KEY``) when
+        ``url`` is the service's endpoint or in ``key_urls``; else ``"EMPTY"`` (no credentials)."""
+        from inference.openai_client import same_endpoint  # inference imports this module
+
+        if own_key:
+            return own_key
+        if any(same_endpoint(url, trusted) for trusted in (self.inference_url, *self.key_urls)):
+            return self.api_key
+        return "EMPTY"
 
 
 class Policy(abc.ABC, Generic[ConfigT]):

@@ -50,11 +50,12 @@ def build_services(
     )
     store = store or LocalSnapshotStore(settings.state_dir)
     snapshots = SnapshotService(store, SnapshotCodec(load_signing_key(settings)), registry)
-    pool = ClientPool()
+    pool = ClientPool(max_response_bytes=settings.inference_max_response_bytes)
     context = PolicyContext(
         inference_url=settings.vllm_base_url,
         model=settings.default_model,
         api_key=settings.inference_api_key.get_secret_value() if settings.inference_api_key else None,
+        key_urls=tuple(settings.inference_key_urls),
         request_timeout_s=settings.inference_timeout_s,
         max_retries=settings.inference_max_retries,
         client_pool=pool,
@@ -150,7 +151,9 @@ def create_app(
     for module in (meta, env, policy, rollout, viewer):
         app.include_router(module.router, responses=ERROR_RESPONSES)
     document_security(app)
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"
+        origins = settings.cors_allow_origins
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
     if forwarder is not None:  # outside CORS: a relayed answer already has the owner's headers
         app.add_middleware(PeerRouter, forwarder=forwarder)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)

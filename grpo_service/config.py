@@ -21,7 +21,16 @@ class Settings(BaseSettings):
         default=None, description="When set, every route but /health requires it."
     )
     inference_api_key: SecretStr | None = Field(
-        default=None, description="Default API key sent to the inference server."
+        default=None,
+        description="API key sent to VLLM_BASE_URL (and INFERENCE_KEY_URLS), never to a URL a "
+        "caller names in a policy config: such a caller brings its own key (config.api_key).",
+    )
+    inference_key_urls: list[str] = Field(
+        default_factory=list,
+        description="More inference endpoints that may receive INFERENCE_API_KEY (JSON list).",
+    )
+    inference_max_response_bytes: int = Field(
+        default=16 * 1024 * 1024, ge=1024, description="Larger inference replies are refused as they stream."
     )
     snapshot_secret: SecretStr | None = Field(
         default=None,
@@ -31,6 +40,11 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+    cors_allow_origins: list[str] = Field(
+        default_factory=list,
+        description="Web origins allowed to call the API from a browser (JSON list; none by "
+        "default: a page on another site must not drive a keyless loopback server).",
+    )
     allow_insecure: bool = Field(
         default=False, description="Allow serving on a non-loopback address with no API key."
     )

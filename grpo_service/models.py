@@ -48,7 +48,11 @@ class ErrorBody(BaseModel):
     detail: str | list[dict[str, Any]]
 
 
-def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> None:
+MAX_TURNS = 100_000
+MAX_OPS = 2 * MAX_TURNS  # a request's own ops: max_turns × (agent, env), or an `ops` list
+
+
+def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int | None) -> None:
     """Validate the op sequence of a rollout or group request up front."""
     if ops is None and max_turns is None:
         raise ValueError("give 'ops' or 'max_turns'")
@@ -58,8 +62,9 @@ def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int) -> Non
         return
     if not ops:
         raise ValueError("'ops' is empty")
-    if len(ops) > max_ops:
-        raise ValueError(f"'ops' has {len(ops)} entries, more than safety.max_ops={max_ops}")
+    if len(ops) > (max_ops or MAX_OPS):
+        limit = f"safety.max_ops={max_ops}" if max_ops else f"the maximum of {MAX_OPS}"
+        raise ValueError(f"'ops' has {len(ops)} entries, more than {limit}")
     pending = False
     for i, op in enumerate(ops):
         if op == "agent":
@@ -335,7 +340,13 @@ class RolloutPolicySpec(Request):
 
 class RolloutRecordConfig(Request):
     trajectories: bool = True
-    logprobs: bool = Field(default=False, description="Request and keep token ids and logprobs.")
+    logprobs: bool | None = Field(
+        default=None,
+        description=(
+            "Request and keep prompt/completion token ids and logprobs. Default: on in mode 'rl' "
+            "(a trainer needs them), off in mode 'eval'."
+        ),
+    )
     images: bool = Field(default=False, description="Keep image fields in recorded observations.")
     observations: bool = Field(default=True, description="Keep each step's observation.")
     return_trace: bool = Field(
@@ -344,7 +355,13 @@ class RolloutRecordConfig(Request):
 
 
 class RolloutSafetyConfig(Request):
-    max_ops: int = Field(default=100_000, ge=1, le=1_000_000)
+    max_ops: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="Stop after this many ops (agent and env each count one). Default: no cap "
+        "beyond the request's own ops (max_turns × 2, or the length of 'ops').",
+    )
     max_time_s: float = Field(default=3_600.0, gt=0, le=86_400)
     llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
 
@@ -355,7 +372,7 @@ class RolloutRequest(Request):
     policy: RolloutPolicySpec
     ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
     max_turns: int | None = Field(
-        default=None, ge=1, le=100_000, description="Shorthand: ops = [agent, env] × N."
+        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N."
     )
     on_done: Literal["reset", "terminate"] = "reset"
     record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig)
@@ -430,6 +447,10 @@ class RolloutMetrics(BaseModel):
     wall_time_s: float
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    llm_calls_without_tokens: int = Field(
+        default=0,
+        description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
+    )
 
 
 class RolloutResponse(BaseModel):
@@ -441,7 +462,8 @@ class RolloutResponse(BaseModel):
     aborted: bool
     ops_executed: int
     stop_reason: str = Field(
-        description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | error"
+        description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | "
+        "env_terminated | policy_terminated (terminated by a caller mid-rollout) | error"
     )
     error: str | None = None
     env_id: str | None = None
@@ -449,6 +471,10 @@ class RolloutResponse(BaseModel):
     group_id: str | None = None
     group_index: int | None = None
     trace: dict[str, Any] | None = None
+    warnings: list[str] = Field(
+        default_factory=list,
+        description="Problems that leave the result usable but not as asked (e.g. no token ids).",
+    )
 
 
 class RolloutGroupRequest(Request):
@@ -459,7 +485,7 @@ class RolloutGroupRequest(Request):
     env: RolloutEnvSpec
     policy: RolloutPolicySpec
     ops: list[Op] | None = None
-    max_turns: int | None = Field(default=None, ge=1, le=100_000)
+    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS)
     on_done: Literal["reset", "terminate"] = "terminate"
     record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig)
     safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig)
@@ -497,12 +523,16 @@ class GroupMetrics(BaseModel):
     completed: int
     failed: int
     wall_time_s: float
+    llm_calls_without_tokens: int = Field(
+        default=0, description="Summed over members: LLM calls recorded without token ids or logprobs."
+    )
 
 
 class RolloutGroupResponse(BaseModel):
     group_id: str
     members: list[GroupMember]
     metrics: GroupMetrics
+    warnings: list[str] = Field(default_factory=list, description="The members' warnings, each once.")
 
 
 class RunStarted(BaseModel):

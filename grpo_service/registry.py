@@ -109,6 +109,7 @@ class RunHandle(Handle):
     error: str | None = None
     task: asyncio.Task[Any] | None = None
     member_ids: list[str] = field(default_factory=list)  # a group's member runs
+    member_runs: list[RunHandle] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from envs.base import LLMCall, PluginError, PolicyDecision, StepResult
 from grpo_service.config import Settings
 from grpo_service.environments import EnvManager
-from grpo_service.errors import CapacityExceeded, Conflict, ServiceError, Unprocessable
+from grpo_service.errors import CapacityExceeded, Conflict, NotFound, ServiceError, Unprocessable
 from grpo_service.models import (
     GroupMember,
     GroupMetrics,
@@ -45,6 +45,7 @@ T = TypeVar("T")
 H = TypeVar("H", EnvHandle, PolicyHandle)
 
 IMAGE_KEYS = ("image_png_base64", "image")
+TERMINATED = ("env_terminated", "policy_terminated")  # stop reasons: a caller ended what it played
 
 
 # ----------------------------------------------------------------------------------- traces
@@ -175,14 +176,25 @@ class RolloutCoordinator:
     # ------------------------------------------------------------------------- run registry
 
     def register_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
-        existing = self.registry.runs.find(run_id)
-        if existing is not None and not existing.finished:
-            raise Conflict(f"run {run_id!r} is already running", code="run_exists")
-        if self.registry.active_runs() >= self.registry.max_active_runs:
+        self._admit([run_id])
+        return self._add_run(run_id, kind, ops_total)
+
+    def _admit(self, run_ids: list[str]) -> None:
+        """Refuse (409/429) unless every one of ``run_ids`` can be registered now. Registering
+        them must follow with no ``await`` in between, so that admission is all-or-nothing."""
+        for run_id in run_ids:
+            existing = self.registry.runs.find(run_id)
+            if existing is not None and not existing.finished:
+                raise Conflict(f"run {run_id!r} is already running", code="run_exists")
+        if self.registry.active_runs() + len(run_ids) > self.registry.max_active_runs:
+            needed = f"{len(run_ids)} run slots" if len(run_ids) > 1 else "a run slot"
             raise CapacityExceeded(
-                f"{self.registry.max_active_runs} runs are already active; retry later",
+                f"{self.registry.max_active_runs} runs at most may be active and {needed} are not "
+                "free; retry later",
                 headers={"Retry-After": "1"},
             )
+
+    def _add_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
         self.registry.runs.pop(run_id)
         run = RunHandle(id=run_id, rl_run_id="", kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
         self._evict_finished_runs()
@@ -307,6 +319,7 @@ class RolloutCoordinator:
         ops = req.op_list()
         llm_timeout = req.safety.llm_timeout_s or self.settings.inference_timeout_s
         record = req.record
+        with_tokens = records_tokens(req)
 
         env, owns_env = (
             (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
@@ -319,6 +332,7 @@ class RolloutCoordinator:
         stop_reason = "completed"
         error: str | None = None
         ops_executed = 0
+        pending: DecisionTrace | None = None
         try:
             policy, owns_policy = await self._resolve_policy(req.policy, env, req.rl_run_id)
             policy.pins += 1
@@ -332,20 +346,19 @@ class RolloutCoordinator:
                 policy.policy.reset()
             episode = _Episode(index=0, seed=getattr(env.env, "seed", None))
             episodes.append(episode)
-            pending: DecisionTrace | None = None
             for op in ops:
                 if run.abort.is_set():
                     raise _Stop("aborted")
                 if time.monotonic() >= deadline:
                     raise _Stop("time_limit")
-                if ops_executed >= req.safety.max_ops:
+                if req.safety.max_ops is not None and ops_executed >= req.safety.max_ops:
                     raise _Stop("max_ops")
                 if op == "agent":
                     t0 = time.monotonic()
                     timeout = min(llm_timeout, max(0.001, deadline - t0))
                     decision = await self._guarded(
                         self.policies.step(
-                            policy, current.observation, record_logprobs=record.logprobs, timeout_s=timeout
+                            policy, current.observation, record_logprobs=with_tokens, timeout_s=timeout
                         ),
                         run,
                         deadline,
@@ -358,7 +371,7 @@ class RolloutCoordinator:
                     )
                     decisions.append(pending)
                     if decision.error:
-                        episode.steps.append(self._step_record(pending, record))
+                        episode.steps.append(self._step_record(pending, record, with_tokens))
                         raise _Stop(f"policy_error:{decision.error}")
                 else:
                     assert pending is not None  # the request validator guarantees an agent op came first
@@ -367,13 +380,13 @@ class RolloutCoordinator:
                         result = await self.envs.step_handle(env, tool_calls=pending.decision.tool_calls)
                     except PluginError as exc:
                         pending.decision.error, pending.decision.error_detail = "invalid_action", str(exc)
-                        episode.steps.append(self._step_record(pending, record))
+                        episode.steps.append(self._step_record(pending, record, with_tokens))
                         raise _Stop("policy_error:invalid_action") from None
                     pending.env_ms = (time.monotonic() - t0) * 1000
                     run.env_s += pending.env_ms / 1000
                     pending.result = result
                     policy.policy.observe_outcome(result)
-                    episode.steps.append(self._step_record(pending, record))
+                    episode.steps.append(self._step_record(pending, record, with_tokens))
                     episode.total_reward += result.reward
                     episode.achievements.extend(result.info.get("achievements_unlocked", []))
                     pending, current = None, result
@@ -392,6 +405,14 @@ class RolloutCoordinator:
                 run.ops_executed = ops_executed
         except _Stop as stop:
             stop_reason = stop.reason
+        except NotFound:
+            # A caller terminated the env or policy mid-rollout: keep what ran, say how it ended.
+            ended = _terminated(env, policy)
+            if ended is None:
+                raise
+            stop_reason = ended
+            if pending is not None and pending.result is None:  # decided, never executed
+                episode.steps.append(self._step_record(pending, record, with_tokens))
         except ServiceError:
             raise
         except PluginError:
@@ -417,14 +438,18 @@ class RolloutCoordinator:
                 episodes.pop()  # an episode reset into and never played
         trajectories = [self._trajectory(ep, env, policy) for ep in episodes] if record.trajectories else []
         status = (
-            "aborted" if stop_reason == "aborted" else ("failed" if stop_reason == "error" else "completed")
+            "aborted"
+            if stop_reason in ("aborted", *TERMINATED)
+            else ("failed" if stop_reason == "error" else "completed")
         )
+        metrics = self._metrics(episodes, decisions, run, time.monotonic() - started, with_tokens)
         response = RolloutResponse(
             run_id=run.id,
             status=status,
             trajectories=trajectories,
-            metrics=self._metrics(episodes, decisions, run, time.monotonic() - started),
-            aborted=stop_reason in ("aborted", "time_limit"),
+            metrics=metrics,
+            warnings=[untrainable_warning(metrics)] if metrics.llm_calls_without_tokens else [],
+            aborted=stop_reason in ("aborted", "time_limit", *TERMINATED),
             ops_executed=ops_executed,
             stop_reason=stop_reason,
             error=error,
@@ -454,7 +479,7 @@ class RolloutCoordinator:
     # ------------------------------------------------------------------------------ records
 
     @staticmethod
-    def _step_record(d: DecisionTrace, record: Any) -> RolloutStep:
+    def _step_record(d: DecisionTrace, record: Any, with_tokens: bool) -> RolloutStep:
         result = d.result
         observation = None
         if record.observations:
@@ -471,7 +496,7 @@ class RolloutCoordinator:
             step_idx=result.step_idx if result else 0,
             decision_error=d.decision.error,
             decision_error_detail=d.decision.error_detail,
-            llm=llm_record(d.decision.llm_call, record.logprobs),
+            llm=llm_record(d.decision.llm_call, with_tokens),
             timing={
                 "llm_ms": d.decision.llm_call.latency_ms if d.decision.llm_call else 0.0,
                 "env_ms": round(d.env_ms, 3),
@@ -502,7 +527,11 @@ class RolloutCoordinator:
 
     @staticmethod
     def _metrics(
-        episodes: list[_Episode], decisions: list[DecisionTrace], run: RunHandle, wall_s: float
+        episodes: list[_Episode],
+        decisions: list[DecisionTrace],
+        run: RunHandle,
+        wall_s: float,
+        with_tokens: bool,
     ) -> RolloutMetrics:
         returns = [round(ep.total_reward, 6) for ep in episodes]
         achievements = sorted({a for ep in episodes for a in ep.achievements})
@@ -522,42 +551,39 @@ class RolloutCoordinator:
             wall_time_s=round(wall_s, 6),
             prompt_tokens=sum(int(u.get("prompt_tokens") or 0) for u in usage),
             completion_tokens=sum(int(u.get("completion_tokens") or 0) for u in usage),
+            llm_calls_without_tokens=sum(1 for c in calls if _untrainable(c)) if with_tokens else 0,
         )
 
     # ------------------------------------------------------------------------------- groups
 
     def _register_group(self, req: RolloutGroupRequest) -> RunHandle:
+        """The group's run and its members' runs, admitted together or not at all (a group that
+        took the slots its members need later would leave them half-registered for good)."""
         if req.group_size > self.settings.max_group_size:
             raise Unprocessable(  # a retry cannot succeed: not a 429
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
-        if self.registry.active_runs() + req.group_size + 1 > self.registry.max_active_runs:
-            raise CapacityExceeded(
-                "not enough free run slots for this group; retry later", headers={"Retry-After": "1"}
-            )
         group_id = req.group_id or new_instance_id()
-        ops_total = len(_member_request(req, "x", None).op_list()) * req.group_size
-        run = self.register_run(group_id, "group", ops_total)
-        run.member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
+        member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
+        self._admit([group_id, *member_ids])
+        member_ops = len(_member_request(req, "x", None).op_list())
+        run = self._add_run(group_id, "group", member_ops * req.group_size)
+        run.member_ids = member_ids
+        run.member_runs = [self._add_run(member_id, "rollout", member_ops) for member_id in member_ids]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
         started = time.monotonic()
-        member_ids = run.member_ids
+        member_ids, members_runs = run.member_ids, run.member_runs
         try:
             start_envs = await self._group_start_envs(req)
         except BaseException as exc:
             message = exc.message if isinstance(exc, ServiceError) else f"{type(exc).__name__}: {exc}"
+            for member in members_runs:
+                self._finish_run(member, "failed", error=f"the group could not start: {message}")
             self._finish_run(run, "failed", error=message)
             raise
-        members_runs = [
-            self.register_run(member_id, "rollout", run.ops_total // req.group_size)
-            for member_id in member_ids
-        ]
-        if run.abort.is_set():
-            for member in members_runs:
-                member.abort.set()
 
         async def play(i: int) -> RolloutResponse:
             member_req = _member_request(req, member_ids[i], i)
@@ -593,7 +619,11 @@ class RolloutCoordinator:
                 completed=sum(1 for m in members if m.status == "completed"),
                 failed=sum(1 for m in members if m.status == "failed"),
                 wall_time_s=round(time.monotonic() - started, 6),
+                llm_calls_without_tokens=sum(
+                    m.result.metrics.llm_calls_without_tokens for m in members if m.result
+                ),
             ),
+            warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
         )
         self._finish_run(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
@@ -627,6 +657,26 @@ def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) ->
     )
 
 
+def records_tokens(req: RolloutRequest) -> bool:
+    """Whether a rollout requests and keeps token ids and logprobs: as asked, else in mode "rl"."""
+    return req.record.logprobs if req.record.logprobs is not None else req.mode == "rl"
+
+
+def _untrainable(call: LLMCall) -> bool:
+    """An answered call that came back without the token ids or logprobs a trainer needs."""
+    return call.response is not None and (
+        call.prompt_token_ids is None or call.completion_token_ids is None or call.completion_logprobs is None
+    )
+
+
+def untrainable_warning(metrics: RolloutMetrics) -> str:
+    return (
+        f"no_token_ids: the inference server returned no token ids or logprobs for "
+        f"{metrics.llm_calls_without_tokens} of {metrics.llm_calls} LLM calls, so these steps cannot be "
+        "trained on (vLLM >= 0.10.2 returns them with return_token_ids; OpenAI and Groq do not)"
+    )
+
+
 def _unshared(handle: H, what: str) -> H:
     """Refuse an env or policy another running rollout is playing: interleaved steps (or a shared
     policy history) would put one rollout's data into the other's trajectory."""
@@ -638,6 +688,14 @@ def _unshared(handle: H, what: str) -> H:
 def _env_config(handle: EnvHandle) -> dict[str, Any] | None:
     config = getattr(handle.env, "config", None)
     return config.model_dump(mode="json") if hasattr(config, "model_dump") else None
+
+
+def _terminated(env: EnvHandle, policy: PolicyHandle | None) -> str | None:
+    if env.closed:
+        return "env_terminated"
+    if policy is not None and policy.closed:
+        return "policy_terminated"
+    return None
 
 
 def _public_config(state: dict[str, Any]) -> dict[str, Any]:

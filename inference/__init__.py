@@ -8,6 +8,7 @@ from inference.openai_client import (
     compact_response,
     normalize_base_url,
     per_choice_calls,
+    public_url,
     resolve_api_key,
     shared_pool,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "compact_response",
     "normalize_base_url",
     "per_choice_calls",
+    "public_url",
     "resolve_api_key",
     "shared_pool",
 ]

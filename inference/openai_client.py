@@ -15,10 +15,13 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import math
 import os
 import random
 import time
+import urllib.parse
 import weakref
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,6 +37,9 @@ from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchEr
 # Generous: a hidden per-client connection cap silently serializes concurrent rollouts.
 HTTP_LIMITS = httpx2.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=30.0)
 _MAX_DETAIL_CHARS = 500
+# The largest reply accepted. A vLLM reply to max_tokens=32768 with per-token logprobs is about
+# 3 MB; a bigger one is refused while it streams in (it would be held in memory, then traced).
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 # Keys of a request that are call options, not body fields (as `chat.completions.create` takes them).
 _OPTION_KEYS = ("extra_body", "extra_headers", "extra_query")
 try:  # openai's request-options builder, used by its own resource methods (see `_create`)
@@ -57,6 +63,34 @@ def normalize_base_url(url: str) -> str:
         if url.endswith(suffix):
             url = url[: -len(suffix)]
     return url if url.endswith("/v1") else url + "/v1"
+
+
+def public_url(url: str) -> str:
+    """``url`` without a password (``http://user:pass@host`` → ``http://user:***@host``), for
+    anything shown to a caller or logged: /info, a policy's meta, error details."""
+    try:
+        split = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if split.password is None:
+        return url
+    host = split.netloc.rpartition("@")[2]
+    user = urllib.parse.quote(split.username or "", safe="")
+    return urllib.parse.urlunsplit(split._replace(netloc=f"{user}:***@{host}"))
+
+
+def same_endpoint(a: str, b: str) -> bool:
+    """Whether two inference URLs name the same endpoint (scheme, host, port and path)."""
+    return _endpoint(a) == _endpoint(b) is not None
+
+
+def _endpoint(url: str) -> tuple[Any, ...] | None:
+    try:
+        split = urllib.parse.urlsplit(normalize_base_url(url))
+        port = split.port or {"http": 80, "https": 443}.get(split.scheme.lower())
+    except ValueError:
+        return None
+    return (split.scheme.lower(), split.hostname, port, split.path, split.username, split.password)
 
 
 def resolve_api_key(explicit: str | SecretStr | None = None) -> str:
@@ -137,6 +171,10 @@ def _classify(exc: BaseException) -> InferenceError | None:
         if refused is not None:
             return InferenceError("connection_error", f"{type(refused).__name__}: {refused}")
         return InferenceError("timeout", "request timed out")
+    if isinstance(exc, httpx2.TimeoutException):  # while the body streams in (`_read_capped`)
+        return InferenceError("timeout", "request timed out")
+    if isinstance(exc, httpx2.TransportError):
+        return InferenceError("connection_error", f"{type(exc).__name__}: {exc}")
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
@@ -149,17 +187,91 @@ def _classify(exc: BaseException) -> InferenceError | None:
     return None
 
 
+def _non_finite(name: str) -> Any:
+    raise InferenceError("malformed_response", f"the reply holds {name}, which is not JSON (RFC 8259)")
+
+
 def _completion_dict(raw: Any) -> dict[str, Any]:
     """The response body as a plain dict: from the raw bytes `_create` asks the client for, or
-    from a `ChatCompletion` (the `create` fallback)."""
+    from a `ChatCompletion` (the `create` fallback). Strict JSON: ``NaN``/``Infinity`` (which
+    Python's parser accepts) would reach the trainer as a null logprob and the trace DB as text
+    that is not JSON, so such a reply is malformed."""
     if isinstance(raw, bytes | bytearray):
-        data = json.loads(raw)  # a JSONDecodeError is classified as malformed_response
+        try:
+            data = json.loads(raw, parse_constant=_non_finite)
+        except RecursionError:
+            raise InferenceError("malformed_response", "the reply is nested too deeply") from None
         if not isinstance(data, dict):
             raise InferenceError("malformed_response", f"expected a JSON object, got {type(data).__name__}")
         return data
     if not isinstance(raw, ChatCompletion):
         raise InferenceError("malformed_response", f"expected a chat completion, got {type(raw).__name__}")
     return raw.model_dump(mode="json")
+
+
+def _malformed(what: str, expected: str) -> InferenceError:
+    return InferenceError("malformed_response", f"{what} is not {expected}")
+
+
+def _check_str(value: Any, what: str) -> None:
+    if value is not None and not isinstance(value, str):
+        raise _malformed(what, "a string or null")
+
+
+def check_choice(response: dict[str, Any], index: int) -> dict[str, Any]:
+    """The choice's ``message``, after checking the fields a policy reads have OpenAI's types
+    (a reply that parses as JSON but has, say, ``"message": "hello"`` or ``"tool_calls": "abc"``
+    is ``malformed_response``, not an AttributeError deep in a policy)."""
+    where = f"choices[{index}]"
+    choice = response["choices"][index]
+    if not isinstance(choice, dict):
+        raise _malformed(where, "an object")
+    _check_str(choice.get("finish_reason"), f"{where}.finish_reason")
+    message = choice.get("message")
+    if not isinstance(message, dict):
+        raise _malformed(f"{where}.message", "an object")
+    for key in ("content", "reasoning_content", "refusal", "role"):
+        _check_str(message.get(key), f"{where}.message.{key}")
+    calls = message.get("tool_calls")
+    if calls is not None and not isinstance(calls, list):
+        raise _malformed(f"{where}.message.tool_calls", "a list or null")
+    for i, call in enumerate(calls or []):
+        what = f"{where}.message.tool_calls[{i}]"
+        if not isinstance(call, dict) or not isinstance(call.get("function"), dict):
+            raise _malformed(what, "an object with a 'function' object")
+        _check_str(call.get("id"), f"{what}.id")
+        function = call["function"]
+        _check_str(function.get("name"), f"{what}.function.name")
+        if not isinstance(function.get("arguments"), str | dict | None):
+            raise _malformed(f"{what}.function.arguments", "a JSON string")
+    return message
+
+
+def check_usage(usage: Any) -> dict[str, Any] | None:
+    """``usage`` with its token counts checked (non-negative integers), or ``None``."""
+    if usage is None:
+        return None
+    if not isinstance(usage, dict):
+        raise _malformed("usage", "an object")
+    for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = usage.get(key)
+        if value is not None and (type(value) is not int or value < 0):
+            raise _malformed(f"usage.{key}", "a non-negative integer")
+    return usage
+
+
+async def _read_capped(response: httpx2.Response, limit: int) -> bytes:
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        detail = f"the reply declares {declared} bytes; the limit is {limit}"
+        raise InferenceError("malformed_response", detail)
+    chunks, size = [], 0
+    async for chunk in response.aiter_bytes():
+        size += len(chunk)
+        if size > limit:
+            raise InferenceError("malformed_response", f"the reply exceeds {limit} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _int_list(value: Any, what: str) -> list[int] | None:
@@ -178,15 +290,23 @@ def choice_tokens(response: dict[str, Any], index: int = 0) -> tuple[list[int] |
     Raises TokenMismatchError when both are present with different lengths.
     """
     choice = response["choices"][index]
+    logprobs_field = choice.get("logprobs")
+    if logprobs_field is not None and not isinstance(logprobs_field, dict):
+        raise _malformed(f"choices[{index}].logprobs", "an object or null")
     ids = _int_list(choice.get("token_ids"), f"choices[{index}].token_ids")
     logprobs: list[float] | None = None
     content = (choice.get("logprobs") or {}).get("content")
     if content is not None:
         try:
-            logprobs = [float(entry["logprob"]) for entry in content]
+            values = [entry["logprob"] for entry in content]
+            # Finite numbers only: 1e400 parses as inf, and a null logprob would be silent.
+            if not set(map(type, values)) <= {float, int} or not all(map(math.isfinite, values)):
+                raise ValueError
+            logprobs = [float(v) for v in values]
         except (KeyError, TypeError, ValueError):
             raise InferenceError(
-                "malformed_response", f"choices[{index}].logprobs.content is malformed"
+                "malformed_response",
+                f"choices[{index}].logprobs.content is malformed (each entry needs a finite 'logprob')",
             ) from None
     if ids is not None and logprobs is not None and len(ids) != len(logprobs):
         raise TokenMismatchError(
@@ -219,6 +339,7 @@ def per_choice_calls(call: LLMCall) -> list[LLMCall]:
         return [call]
     calls = []
     for i, choice in enumerate(call.response.get("choices", [])):
+        check_choice(call.response, i)
         ids, logprobs = choice_tokens(call.response, i)
         calls.append(
             LLMCall(
@@ -264,9 +385,13 @@ class InferenceClient:
         backoff_base_s: float = 0.5,
         backoff_max_s: float = 8.0,
         http_client: httpx2.AsyncClient | None = None,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
     ) -> None:
         if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0 or backoff_max_s < 0:
             raise ValueError("timeout_s must be > 0; retries and backoffs must be >= 0")
+        if max_response_bytes < 1:
+            raise ValueError("max_response_bytes must be >= 1")
+        self.max_response_bytes = max_response_bytes
         self.base_url = normalize_base_url(base_url)
         self.timeout_s = timeout_s
         self.max_retries = max_retries
@@ -298,7 +423,7 @@ class InferenceClient:
 
     def __repr__(self) -> str:
         return (
-            f"InferenceClient(base_url={self.base_url!r}, timeout_s={self.timeout_s}, "
+            f"InferenceClient(base_url={public_url(self.base_url)!r}, timeout_s={self.timeout_s}, "
             f"max_retries={self.max_retries})"
         )
 
@@ -380,7 +505,15 @@ class InferenceClient:
             idempotency_key="unused",
             **_AUTH_OPTION,
         )
-        return await self._openai.post("/chat/completions", body=payload, options=options, cast_to=bytes)
+        # Streamed (`cast_to` the HTTP response, not read yet), so that a reply over the limit
+        # is cut off as it arrives instead of being held whole in memory first.
+        response = await self._openai.post(
+            "/chat/completions", body=payload, options=options, cast_to=httpx2.Response, stream=True
+        )
+        try:
+            return await _read_capped(response, self.max_response_bytes)
+        finally:
+            await response.aclose()
 
     def _to_call(self, body: dict[str, Any], response: Any, started: float, attempts: int) -> LLMCall:
         choices = response.get("choices") if isinstance(response, dict) else None
@@ -391,13 +524,16 @@ class InferenceClient:
         if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
             raise InferenceError("malformed_response", "the response has no choices")
         prompt_ids = _int_list(response.get("prompt_token_ids"), "prompt_token_ids")
+        check_choice(response, 0)
         completion_ids, logprobs = choice_tokens(response, 0)
+        usage = check_usage(response.get("usage"))
+        _check_str(response.get("model"), "model")
         return LLMCall(
             request=body,
             response=response,
             latency_ms=(time.monotonic() - started) * 1000.0,
             attempts=attempts,
-            usage=response.get("usage"),
+            usage=usage,
             model=response.get("model"),
             finish_reason=choices[0].get("finish_reason"),
             prompt_token_ids=prompt_ids,
@@ -420,8 +556,7 @@ class InferenceClient:
         if self._closed:
             return
         self._closed = True
-        if self._openai_client is not None:
-            await self._openai_client.close()
+        # `AsyncOpenAI.close()` closes its HTTP client: only ours to close when we made it.
         if self._owns_http and self._http is not None:
             await self._http.aclose()
 
@@ -431,15 +566,29 @@ def _key_fingerprint(api_key: str) -> str:
 
 
 class ClientPool:
-    """One InferenceClient per (base URL, API key, timeout, retries), so connections are reused.
+    """Inference clients that share one HTTP connection pool (per event loop).
 
-    Clients hold connection pools bound to the event loop that first uses them: use one
-    pool per loop (``shared_pool()`` does that).
+    A client is cheap (an ``AsyncOpenAI`` wrapper, a few KB) once it does not own its transport:
+    the transport (connections, an SSL context, about 0.8 MB) is the pool's, one for every
+    endpoint. Clients are cached per (URL, key, timeout, retries) in a bounded LRU, so policies
+    with the same config share one and a caller varying its config on every policy cannot grow
+    the cache: an evicted client needs no closing, and a policy still holding one keeps working.
+    Use one pool per event loop (``shared_pool()`` does that).
     """
 
-    def __init__(self, *, backoff_base_s: float = 0.5, backoff_max_s: float = 8.0) -> None:
-        self._clients: dict[tuple[str, str, float, int], InferenceClient] = {}
+    def __init__(
+        self,
+        *,
+        backoff_base_s: float = 0.5,
+        backoff_max_s: float = 8.0,
+        max_clients: int = 64,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+    ) -> None:
+        self._clients: OrderedDict[tuple[str, str, float, int], InferenceClient] = OrderedDict()
         self._backoff = (backoff_base_s, backoff_max_s)
+        self.max_clients = max_clients
+        self.max_response_bytes = max_response_bytes
+        self._http: httpx2.AsyncClient | None = None
 
     def get(
         self,
@@ -452,24 +601,35 @@ class ClientPool:
         key_value = resolve_api_key(api_key)
         key = (normalize_base_url(base_url), _key_fingerprint(key_value), float(timeout_s), max_retries)
         client = self._clients.get(key)
-        if client is None:
-            client = InferenceClient(
-                base_url,
-                key_value,
-                timeout_s=timeout_s,
-                max_retries=max_retries,
-                backoff_base_s=self._backoff[0],
-                backoff_max_s=self._backoff[1],
-            )
-            self._clients[key] = client
+        if client is not None:
+            self._clients.move_to_end(key)
+            return client
+        if self._http is None:
+            # Per-attempt timeouts are passed with each request; this is only the fallback.
+            self._http = default_http_client(120.0)
+        client = InferenceClient(
+            base_url,
+            key_value,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_base_s=self._backoff[0],
+            backoff_max_s=self._backoff[1],
+            http_client=self._http,
+            max_response_bytes=self.max_response_bytes,
+        )
+        self._clients[key] = client
+        while len(self._clients) > self.max_clients:
+            self._clients.popitem(last=False)
         return client
 
     def __len__(self) -> int:
         return len(self._clients)
 
     async def aclose(self) -> None:
-        clients, self._clients = list(self._clients.values()), {}
-        await asyncio.gather(*(c.aclose() for c in clients), return_exceptions=True)
+        self._clients.clear()
+        http, self._http = self._http, None
+        if http is not None:
+            await http.aclose()
 
 
 _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ClientPool] = weakref.WeakKeyDictionary()

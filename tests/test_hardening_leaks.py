@@ -121,16 +121,19 @@ def test_http_cycles_and_rollouts_leave_nothing(start_server: Callable[..., Serv
 
 
 def test_the_reaper_task_clears_abandoned_state(start_server: Callable[..., ServerThread]) -> None:
-    server = start_server(idle_ttl_s=1.0, reaper_interval_s=0.2)
+    ttl_s = 3.0
+    server = start_server(idle_ttl_s=ttl_s, reaper_interval_s=0.2)
     with httpx.Client(base_url=server.base_url, timeout=60) as client, ThreadPoolExecutor(4) as pool:
 
         def abandon(i: int) -> None:
             env = client.post("/env/create", json={"env_name": "crafter", "seed": i % 4}).json()["env_id"]
             client.post("/policy/create", json={"policy_name": "crafter-random", "bound_env_id": env})
 
+        started = time.monotonic()
         list(pool.map(abandon, range(200)))
-        assert counts(client)["envs"] == 200 and counts(client)["policies"] == 200
-        deadline = time.monotonic() + 1.0 + 3.0  # TTL + a few reaper passes
+        if time.monotonic() - started < ttl_s / 2:  # on a loaded machine some may already be reaped
+            assert counts(client)["envs"] == 200 and counts(client)["policies"] == 200
+        deadline = time.monotonic() + ttl_s + 3.0  # TTL + a few reaper passes
         while counts(client)["envs"] or counts(client)["policies"]:
             assert time.monotonic() < deadline, counts(client)
             time.sleep(0.1)

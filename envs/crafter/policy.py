@@ -350,7 +350,8 @@ class CrafterReActPolicy(Policy[CrafterReActConfig]):
 
     def _client(self) -> openai_client.InferenceClient:
         if self.client is None:
-            api_key = self.config.api_key or self.context.api_key
+            own_key = self.config.api_key.get_secret_value() if self.config.api_key else None
+            api_key = self.context.api_key_for(self.inference_url, own_key)
             # The service's pool (closed at shutdown), else the running loop's shared one.
             pool = self.context.client_pool
             if pool is None:
@@ -376,7 +377,7 @@ class CrafterReActPolicy(Policy[CrafterReActConfig]):
         request = self.build_request(observation)
         meta: dict[str, Any] = {
             "model": self.model,
-            "inference_url": self.inference_url,
+            "inference_url": openai_client.public_url(self.inference_url),
             "turn_index": self.turn_index,
         }
         if dry_run:

@@ -33,16 +33,19 @@ def rollout_request(
     policy: str,
     policy_config: dict[str, Any],
     max_llm_calls: int,
-    logprobs: bool,
+    logprobs: bool | None,
     max_time_s: float,
 ) -> dict[str, Any]:
+    record: dict[str, Any] = {"return_trace": True, "trajectories": True}
+    if logprobs is not None:  # default: the service's (on in mode "rl")
+        record["logprobs"] = logprobs
     return {
         "run_id": run_id,
         "env": {"env_name": env_name, "seed": seed},
         "policy": {"policy_name": policy, "config": policy_config},
         "max_turns": max_llm_calls,
         "on_done": "terminate",
-        "record": {"return_trace": True, "logprobs": logprobs, "trajectories": True},
+        "record": record,
         "safety": {"max_time_s": max_time_s},
     }
 
@@ -92,7 +95,12 @@ def rollout_command(
     seed: Annotated[int, typer.Option(min=0, help="World seed.")] = 0,
     policy: Annotated[str, typer.Option(help="Policy plug-in.")] = "crafter-react",
     env_name: Annotated[str, typer.Option("--env", help="Environment plug-in.")] = "crafter",
-    logprobs: Annotated[bool, typer.Option("--logprobs", help="Record token ids and logprobs.")] = False,
+    logprobs: Annotated[
+        bool | None,
+        typer.Option(
+            "--logprobs/--no-logprobs", help="Record token ids and logprobs (default: on, as in RL mode)."
+        ),
+    ] = None,
     timeout_s: Annotated[
         float, typer.Option("--timeout", min=1, help="Seconds the rollout may take.")
     ] = 600.0,
