@@ -23,6 +23,7 @@ from envs.crafter.env import FRAME_SIZE
 from grpo_service.cli import app as cli_app
 from grpo_service.routes.viewer import create_viewer_app
 from grpo_service.tracing.reader import TraceReader
+from grpo_service.viewer import runs
 from inference.server_thread import ServerThread
 from tests.conftest import REPO, free_port
 from tests.viewer_data import GROUP_SIZE, synthetic_db
@@ -291,3 +292,15 @@ def test_view_command_serves_the_newest_db_and_refuses_a_bad_one(real_trace_db: 
         conn.execute("CREATE TABLE t (x)")
     done = CliRunner().invoke(cli_app, ["view", str(bad)], terminal_width=400)
     assert done.exit_code == 2 and "not a grpo-service trace DB" in done.output
+
+
+def test_a_query_past_its_deadline_is_a_clear_4xx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    db = synthetic_db(tmp_path / "big.db", 300)
+    monkeypatch.setattr(runs, "QUERY_DEADLINE_S", 0.0)  # as if the DB were huge
+    server = ServerThread(create_viewer_app(db), name="viewer-slow").start()
+    try:
+        r = httpx.get(f"{server.base_url}/viewer/api/summary", timeout=30)
+        assert r.status_code == 422 and r.json()["code"] == "query_too_slow", r.text
+        assert "narrow it with filters" in r.json()["detail"]
+    finally:
+        server.stop()

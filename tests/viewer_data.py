@@ -8,15 +8,13 @@ reply without a tool call), so every view has real frames, replies, timings and 
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from grpo_service import Settings, create_app
-from grpo_service.tracing import TraceWriter
-from grpo_service.tracing.synthetic import synthetic_trace
+from grpo_service.tracing.synthetic import write_synthetic_db
 from inference.fake_server import FakeConfig, FakeInferenceServer
 from inference.server_thread import ServerThread
 
@@ -95,33 +93,6 @@ def record_real_db(
         "heuristic_run": "viewer-heuristic",
         "error_run": "viewer-policy-error",
     }
-
-
-async def write_synthetic_db(path: Path, rollouts: int, *, turns: int = 20, seed: int = 0) -> None:
-    """``rollouts`` synthetic rollouts (mixed models, rewards, achievements, stop reasons, groups)."""
-    rng = random.Random(seed)
-    models = ["Qwen/Qwen3-4B", "Qwen/Qwen3-1.7B", "ft:qwen3-4b:sft-1"]
-    names = ["collect_wood", "place_table", "collect_sapling", "wake_up", "eat_cow", "collect_drink"]
-    writer = TraceWriter(path, queue_size=rollouts + 1, max_batch=256)
-    await writer.start()
-    for i in range(rollouts):
-        n = rng.randint(3, turns)
-        unlocks = {rng.randrange(n): [name] for name in names if rng.random() < 0.3}
-        writer.submit(
-            synthetic_trace(
-                f"synthetic-{i:05d}",
-                turns=n,
-                seed=rng.randrange(1000),
-                model=rng.choice(models),
-                unlocks=unlocks,
-                error_turn=n - 1 if rng.random() < 0.1 else None,
-                group_id=f"synthetic-group-{i // 8}",
-                group_index=i % 8,
-                with_tokens=False,
-                history_window=1,
-            )
-        )
-    await writer.close()
 
 
 def synthetic_db(path: Path, rollouts: int, **kwargs: Any) -> Path:

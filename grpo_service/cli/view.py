@@ -11,12 +11,22 @@ import uvicorn
 from rich.console import Console
 
 from grpo_service.auth import check_bind_safety
-from grpo_service.cli.export import choose_db
+from grpo_service.cli.export import DB_GLOB, find_trace_dbs
 from grpo_service.errors import ServiceError
 from grpo_service.routes.viewer import create_viewer_app
 from grpo_service.viewer import runs
 
 console = Console()
+
+
+def newest_db(root: Path) -> Path:
+    dbs = find_trace_dbs(root)
+    if not dbs:
+        console.print(f"[red]no {DB_GLOB} under {root}[/]: pass the trace DB to view")
+        raise typer.Exit(2)
+    if len(dbs) > 1:
+        console.print(f"{len(dbs)} trace DBs here; viewing the newest (pass another as an argument)")
+    return dbs[0]
 
 
 def view_command(
@@ -33,7 +43,7 @@ def view_command(
     open_browser: Annotated[bool, typer.Option("--open", help="Open the viewer in a browser.")] = False,
 ) -> None:
     """Browse the rollouts of a trace DB: run list, step-by-step replay with frames, GRPO groups."""
-    path = db if db is not None else choose_db(Path.cwd())
+    path = db if db is not None else newest_db(Path.cwd())
     try:
         with runs.open_trace_db(path) as conn:
             count = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]

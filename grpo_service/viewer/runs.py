@@ -113,8 +113,9 @@ def parse_time(value: str, *, end: bool) -> float:
 
 
 @contextlib.contextmanager
-def open_trace_db(path: Path, *, deadline_s: float = QUERY_DEADLINE_S) -> Iterator[sqlite3.Connection]:
+def open_trace_db(path: Path, *, deadline_s: float | None = None) -> Iterator[sqlite3.Connection]:
     """A read-only connection whose queries stop at the deadline; file problems become 4xx."""
+    deadline_s = QUERY_DEADLINE_S if deadline_s is None else deadline_s
     if not path.is_file():
         raise NotFound(f"no trace DB at {path}", code="no_trace_db")
     try:
@@ -123,7 +124,7 @@ def open_trace_db(path: Path, *, deadline_s: float = QUERY_DEADLINE_S) -> Iterat
         raise Unprocessable(f"cannot open {path.name}: {exc}", code="unreadable_trace_db") from None
     conn.row_factory = sqlite3.Row
     deadline = time.monotonic() + deadline_s
-    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 10_000)
+    conn.set_progress_handler(lambda: int(time.monotonic() > deadline), 1_000)
     try:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         missing = REQUIRED_TABLES - tables

@@ -110,6 +110,7 @@ const COLUMNS = [
   ["num_turns", "turns", "num"], ["num_steps", "steps", "num"], ["total_reward", "return", "num"],
   ["achievements_count", "achievements"], ["stop_reason", "stop reason"], ["wall_s", "wall", "num"], [null, "group"],
 ];
+const WEIGHTS_COLUMN = [null, "weights"];
 
 async function listView(params) {
   setCrumbs(h("span", {}, "rollouts"));
@@ -171,7 +172,9 @@ async function listView(params) {
   const data = await api("/rollouts", { ...state, achievement: achievements, sort, order, page, per_page: perPage });
   const ms = performance.now() - t0;
 
-  const head = h("tr", {}, COLUMNS.map(([key, label, cls]) => {
+  const withWeights = facets.weights_version.length > 0;
+  const columns = withWeights ? [...COLUMNS.slice(0, 4), WEIGHTS_COLUMN, ...COLUMNS.slice(4)] : COLUMNS;
+  const head = h("tr", {}, columns.map(([key, label, cls]) => {
     if (!key) return h("th", { class: cls }, label);
     const active = key === sort;
     return h("th", {
@@ -187,6 +190,7 @@ async function listView(params) {
   h("td", { class: "nowrap" }, h("a", { href: `#/rollout/${encodeURIComponent(r.session_id)}` }, r.run_id)),
   h("td", {}, r.env_name),
   h("td", { class: "mono" }, r.model || r.policy_name),
+  withWeights ? h("td", { class: "mono" }, r.weights_version ?? "–") : null,
   h("td", { class: "num" }, r.seed ?? "–"),
   h("td", { class: "num" }, fmt.int(r.num_turns)),
   h("td", { class: "num" }, fmt.int(r.num_steps)),
@@ -239,6 +243,7 @@ async function rolloutView(sessionId, params) {
 
   const banner = h("div", { class: "banner warn", id: "banner" }, "Replaying the rollout through its environment…");
   const frameBox = h("div", { class: "frame", id: "frame" }, h("div", { class: "none" }, "…"));
+  const frameText = h("pre", { class: "text", id: "frame-caption", hidden: true, style: "margin-top:8px" });
   const slider = h("input", { type: "range", id: "slider", min: 0, max: Math.max(0, positions - 1), value: 0, "aria-label": "position" });
   const posLabel = h("span", { class: "pos", id: "pos" });
   const playBtn = h("button", { id: "btn-play", class: "primary", title: "play / pause (space)" }, "▶ play");
@@ -274,7 +279,7 @@ async function rolloutView(sessionId, params) {
     banner,
     h("div", { class: "player" },
       h("div", {},
-        h("div", { class: "card" }, frameBox, controls, h("div", { class: "hint" }, "← → step · space play/pause · Home/End")),
+        h("div", { class: "card" }, frameBox, frameText, controls, h("div", { class: "hint" }, "← → step · space play/pause · Home/End")),
         h("div", { class: "card" }, h("h2", {}, "Vitals"), vitals),
         h("div", { class: "card" }, h("h2", {}, "Achievements so far"), achBox)),
       h("div", {},
@@ -322,6 +327,9 @@ async function rolloutView(sessionId, params) {
     }
     if (!kids.length) kids.push(h("div", { class: "none" }, `${s.env_name} draws no frames; its observation text is on the right.`));
     frameBox.replaceChildren(...kids);
+    if (replay.frame_text && replay.frame_png) { // an image and a text rendering: the text below
+      fetch(frameUrl(pos, "txt")).then((r) => r.text()).then((t) => { frameText.textContent = t; frameText.hidden = false; });
+    }
     if (replay.frame_png) for (let k = 1; k <= 3; k++) {
       const j = pos + k;
       if (j < replay.reachable && !prefetched.has(j)) { prefetched.add(j); new Image().src = frameUrl(j, "png"); }
