@@ -21,6 +21,7 @@ from typer.testing import CliRunner
 
 from envs.crafter.env import FRAME_SIZE
 from grpo_service.cli import app as cli_app
+from grpo_service.registry import new_instance_id
 from grpo_service.routes.viewer import create_viewer_app
 from grpo_service.tracing.reader import TraceReader
 from grpo_service.viewer import runs
@@ -304,3 +305,26 @@ def test_a_query_past_its_deadline_is_a_clear_4xx(tmp_path: Path, monkeypatch: p
         assert "narrow it with filters" in r.json()["detail"]
     finally:
         server.stop()
+
+
+async def test_workers_never_forward_viewer_requests_even_for_a_worker_s_group_id() -> None:
+    """Every worker serves /viewer from the trace DB they share; group ids carry a worker's tag,
+    and forwarding them would fail once that worker has restarted."""
+    from grpo_service.peers import PeerRouter
+
+    served: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        served.append(scope["path"])
+
+    class NoForwarding:
+        def owner(self, path: str, body: bytes) -> str:
+            raise AssertionError(f"{path} would be forwarded")
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    path = f"/viewer/api/groups/{new_instance_id()}"
+    router = PeerRouter(app, NoForwarding())  # type: ignore[arg-type]
+    await router({"type": "http", "path": path, "headers": []}, receive, None)  # type: ignore[arg-type]
+    assert served == [path]

@@ -14,18 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
+from selenium.webdriver.support import expected_conditions as ec
+from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from grpo_service.tracing.reader import TraceReader
 from tests.conftest import REPO
 from tests.viewer_data import GROUP_SIZE
-
-pytest.importorskip("selenium")
-from selenium import webdriver  # noqa: E402
-from selenium.webdriver.chrome.service import Service  # noqa: E402
-from selenium.webdriver.common.by import By  # noqa: E402
-from selenium.webdriver.common.keys import Keys  # noqa: E402
-from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
-from selenium.webdriver.support.ui import Select, WebDriverWait  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 ARTIFACTS = REPO / "test-artifacts" / "viewer"
@@ -41,14 +39,11 @@ FLAGS = (
     "--window-size=1400,1100",
 )
 
-pytestmark = pytest.mark.skipif(
-    not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
-    reason="needs Debian's chromium and chromium-driver (scripts/install-system-packages.sh)",
-)
-
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[webdriver.Chrome]:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.exists()]
+    assert not missing, f"{missing} missing: run scripts/install-system-packages.sh (as .ci/run does)"
     profile = tempfile.mkdtemp(prefix="viewer-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)

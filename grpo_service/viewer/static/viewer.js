@@ -14,7 +14,6 @@ function h(tag, attrs = {}, ...children) {
   for (const [k, v] of Object.entries(attrs)) {
     if (v === null || v === undefined || v === false) continue;
     if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else if (k === "html") el.innerHTML = v;
     else el.setAttribute(k, v === true ? "" : v);
   }
   for (const c of children.flat(Infinity)) if (c !== null && c !== undefined && c !== false) el.append(c.nodeType ? c : String(c));
@@ -496,7 +495,15 @@ async function groupView(groupId) {
     const adv = m.advantage;
     const w = (Math.abs(adv) / maxAdv) * 50;
     return h("div", { class: "member", "data-index": m.group_index },
-      h("a", { href: link }, h("img", { loading: "lazy", alt: `member ${m.group_index}, last frame`, src: `${API}/rollouts/${encodeURIComponent(m.session_id)}/frames/${m.num_turns}.png`, onerror: (e) => { e.target.replaceWith(h("div", { class: "frame" }, h("div", { class: "none" }, "no frame"))); } })),
+      h("a", { href: link }, h("img", {
+        loading: "lazy", alt: `member ${m.group_index}, last frame`, "data-tries": 0,
+        src: `${API}/rollouts/${encodeURIComponent(m.session_id)}/frames/${m.num_turns}.png`,
+        onerror: (e) => { // the last position is one less when the last turn ran no step
+          const img = e.target;
+          if (img.dataset.tries === "0" && m.num_turns > 0) { img.dataset.tries = "1"; img.src = img.src.replace(/\/\d+\.png$/, `/${m.num_turns - 1}.png`); }
+          else img.replaceWith(h("div", { class: "frame" }, h("div", { class: "none" }, "no frame")));
+        },
+      })),
       h("div", { style: "display:flex;justify-content:space-between;margin-top:6px" }, h("a", { href: link }, h("b", {}, `#${m.group_index}`)), h("span", { class: "mono" }, `R ${fmt.num(m.total_reward)}`)),
       h("div", { class: "adv", title: `advantage ${fmt.num(adv, 3)}` }, h("i", { style: `left:${adv >= 0 ? 50 : 50 - w}%;width:${w}%;background:${adv >= 0 ? "#1e8e3e" : "#c5221f"}` })),
       h("div", { class: "muted", style: "font-size:12px" }, `advantage `, h("b", { "data-advantage": m.group_index }, fmt.num(adv, 3)), ` · ${m.num_turns} turns · ${m.achievements_count} ach.`),
