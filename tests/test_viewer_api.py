@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+from envs.base import ENVIRONMENTS, Environment, Frame, StepResult
 from envs.crafter.env import FRAME_SIZE
 from grpo_service.cli import app as cli_app
 from grpo_service.registry import new_instance_id
@@ -328,3 +329,66 @@ async def test_workers_never_forward_viewer_requests_even_for_a_worker_s_group_i
     router = PeerRouter(app, NoForwarding())  # type: ignore[arg-type]
     await router({"type": "http", "path": path, "headers": []}, receive, None)  # type: ignore[arg-type]
     assert served == [path]
+
+
+class TurnCounter(Environment):
+    """A text game whose observations are the synthetic traces' own: replays of them match."""
+
+    name = "turn-counter"
+
+    def __init__(self, config: Any, seed: int | None) -> None:
+        self.config, self.seed, self.turn = config, seed or 0, 0
+
+    def _result(self, reward: float = 0.0) -> StepResult:
+        text = f"Step {self.turn}. You see grass and a tree to the left."
+        return StepResult({"text": text, "step_idx": self.turn}, reward, False, False, {}, self.turn)
+
+    def reset(self, seed: int | None = None) -> StepResult:
+        self.turn = 0
+        return self._result()
+
+    def step(self, actions: Any) -> StepResult:
+        self.turn += 1
+        return self._result()
+
+    def observe(self) -> StepResult:
+        return self._result()
+
+    def actions_from_tool_calls(self, tool_calls: Any) -> list[str | int]:
+        return list(tool_calls[0]["args"]["actions"])
+
+    step_idx = property(lambda self: self.turn)
+    done = property(lambda self: False)
+
+    def get_state(self) -> bytes:
+        return str(self.turn).encode()
+
+    @classmethod
+    def from_state(cls, state: bytes) -> TurnCounter:
+        env = cls(None, 0)
+        env.turn = int(state)
+        return env
+
+    def render_frame(self) -> Frame:
+        return Frame(text=f"turn {self.turn}\n[{'#' * self.turn}]")
+
+
+def test_a_text_game_replays_with_text_frames(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(ENVIRONMENTS, TurnCounter.name, TurnCounter)
+    db = synthetic_db(tmp_path / "text.db", 3, turns=40)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE sessions SET env_name = ?", (TurnCounter.name,))
+        conn.execute("UPDATE env_steps SET reward = 0")  # the counter pays nothing
+        sid = conn.execute("SELECT session_id FROM sessions ORDER BY num_turns DESC").fetchone()[0]
+        turns = conn.execute("SELECT num_turns FROM sessions WHERE session_id = ?", (sid,)).fetchone()[0]
+    server = ServerThread(create_viewer_app(db), name="viewer-text").start()
+    try:
+        api = f"{server.base_url}/viewer/api/rollouts/{sid}"
+        status = httpx.get(f"{api}/replay", timeout=30).json()
+        assert status["divergence"] is None and status["frame_text"] and not status["frame_png"], status
+        for position in (turns - 1, 2, 20):  # jumps back use the text game's own checkpoints
+            r = httpx.get(f"{api}/frames/{position}.txt", timeout=30)
+            assert r.text == f"turn {position}\n[{'#' * position}]"
+        assert httpx.get(f"{api}/frames/2.png", timeout=30).json()["code"] == "no_frame"
+    finally:
+        server.stop()

@@ -236,7 +236,10 @@ def frame(session_id: str, name: str, source: Source) -> Response:
             f"no frame {position}: the replay reaches positions 0-{found.status.reachable - 1}",
             code="unknown_frame",
         )
-    drawn = source.replays.frame(key, found, position)
+    try:
+        drawn = source.replays.frame(key, found, position)
+    except Exception as exc:  # the env failed to replay or draw: say so, never a 500
+        raise FrameUnavailable(f"cannot draw frame {position}: {type(exc).__name__}: {exc}") from None
     if kind == "png":
         if drawn is None or drawn.png is None:
             raise FrameUnavailable(f"{found.env_name} draws no image frames")

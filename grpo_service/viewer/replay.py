@@ -21,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import Environment, Frame, PluginError, environment_class
+from envs.base import Environment, Frame, PluginError, StepResult, environment_class
 from grpo_service.rollout import IMAGE_KEYS
 
 CHECKPOINT_EVERY = 16
@@ -130,12 +130,12 @@ class Replay:
         if self.seed is None:
             self.status.reason = "the trace records no seed"
             return
-        env = self._fresh(cls)
+        env, started = self._fresh(cls)
         first = env.render_frame()
         self.status.frame_png = first is not None and first.png is not None
         self.status.frame_text = first is not None and first.text is not None
         self.status.available = True
-        observation = env.observe().observation
+        observation = started.observation  # what the service's rollout saw first
         stepped = 0  # the env is now at position `stepped`
         for i, step in enumerate(self.steps):
             if time.monotonic() > deadline:
@@ -204,7 +204,7 @@ class Replay:
             if self._env is not None:
                 self._env.close()
             if start is None:
-                self._env, self._cursor = self._fresh(cls), 0
+                self._env, self._cursor = self._fresh(cls)[0], 0
             else:
                 self._env, self._cursor = cls.from_state(self._checkpoints[start]), start
         env = self._env
@@ -218,10 +218,9 @@ class Replay:
 
     # ------------------------------------------------------------------------- helpers
 
-    def _fresh(self, cls: type[Environment]) -> Environment:
+    def _fresh(self, cls: type[Environment]) -> tuple[Environment, StepResult]:
         env = cls.create(self.env_config, self.seed)
-        env.reset(None)
-        return env
+        return env, env.reset(None)
 
     @staticmethod
     def _step(env: Environment, step: dict[str, Any]) -> Any:
