@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import json
 import math
 import sqlite3
 import statistics
@@ -23,7 +24,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grpo_service.errors import NotFound, Unprocessable
-from grpo_service.tracing.codec import join_message, loads
+from grpo_service.tracing.codec import loads
+from grpo_service.tracing.reader import MESSAGE_COLUMNS, TURNS_JOINED, message_from_row
 
 QUERY_DEADLINE_S = 10.0
 REQUIRED_TABLES = frozenset({"sessions", "turns", "messages", "llm_calls", "env_steps"})
@@ -135,6 +137,11 @@ def open_trace_db(path: Path, *, deadline_s: float | None = None) -> Iterator[sq
                 code="not_a_trace_db",
             )
         yield conn
+    except json.JSONDecodeError as exc:
+        raise Unprocessable(
+            f"{path.name} holds a malformed JSON cell ({exc}); the file was edited or damaged",
+            code="corrupt_trace_db",
+        ) from None
     except sqlite3.OperationalError as exc:
         if "interrupted" in str(exc):
             raise QueryTooSlow(
@@ -333,6 +340,21 @@ def _json(text: str | None) -> Any:
         return text
 
 
+def _env_step(r: sqlite3.Row) -> dict[str, Any] | None:
+    """A turn's env step from a `TURNS_JOINED` row, or None when the turn ran none."""
+    if not r["has_env_step"]:
+        return None
+    return {
+        "actions": _json(r["actions"]) or [],
+        "reward": r["reward"],
+        "done": bool(r["done"]),
+        "truncated": bool(r["truncated"]),
+        "step_idx": r["step_idx"],
+        "unlocked": _json(r["achievements_unlocked"]) or [],
+        "env_ms": r["env_ms"],
+    }
+
+
 def timeline(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
     """One light record per turn (for the slider, the reward chart and the vitals)."""
     rows = conn.execute(
@@ -341,11 +363,9 @@ def timeline(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
                   json_extract(t.observation, '$.step_idx') AS obs_step,
                   l.latency_ms, l.error AS llm_error,
                   e.turn IS NOT NULL AS has_env_step, e.reward, e.done, e.truncated, e.step_idx,
-                  e.achievements_unlocked, e.actions, e.env_ms
-           FROM turns t
-           LEFT JOIN llm_calls l ON l.session_id = t.session_id AND l.turn = t.turn
-           LEFT JOIN env_steps e ON e.session_id = t.session_id AND e.turn = t.turn
-           WHERE t.session_id = ? ORDER BY t.turn""",
+                  e.achievements_unlocked, e.actions, e.env_ms """
+        + TURNS_JOINED
+        + " WHERE t.session_id = ? ORDER BY t.turn",
         (session_id,),
     )
     out = []
@@ -359,17 +379,7 @@ def timeline(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
                 "vitals": vitals if isinstance(vitals, dict) else None,
                 "obs_step": r["obs_step"],
                 "llm_ms": r["latency_ms"],
-                "env": None
-                if not r["has_env_step"]
-                else {
-                    "reward": r["reward"],
-                    "done": bool(r["done"]),
-                    "truncated": bool(r["truncated"]),
-                    "step_idx": r["step_idx"],
-                    "unlocked": _json(r["achievements_unlocked"]) or [],
-                    "actions": _json(r["actions"]) or [],
-                    "env_ms": r["env_ms"],
-                },
+                "env": _env_step(r),
             }
         )
     return out
@@ -380,21 +390,10 @@ def _messages(conn: sqlite3.Connection, session_id: str, indices: set[int]) -> d
         return {}
     marks = ",".join("?" * len(indices))
     rows = conn.execute(
-        "SELECT idx, role, content, tool_calls, tool_call_id, name, extra FROM messages "
-        f"WHERE session_id = ? AND idx IN ({marks})",
+        f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = ? AND idx IN ({marks})",
         (session_id, *sorted(indices)),
     )
-    out = {}
-    for r in rows:
-        columns = {
-            "content": r["content"],
-            "tool_calls": _json(r["tool_calls"]),
-            "tool_call_id": r["tool_call_id"],
-            "name": r["name"],
-        }
-        extra = _json(r["extra"])
-        out[r["idx"]] = join_message(r["role"], columns, extra if isinstance(extra, dict) else None)
-    return out
+    return {r["idx"]: message_from_row(r) for r in rows}
 
 
 def turns(conn: sqlite3.Connection, session_id: str, start: int, count: int) -> list[dict[str, Any]]:
@@ -405,12 +404,10 @@ def turns(conn: sqlite3.Connection, session_id: str, start: int, count: int) -> 
                   t.decision_error_detail, t.prompt_messages, t.completion_message,
                   l.turn IS NOT NULL AS has_llm, l.model, l.finish_reason, l.usage, l.latency_ms,
                   l.attempts, l.error AS llm_error,
-                  e.turn IS NOT NULL AS has_env_step, e.actions, e.actions_executed, e.reward, e.done,
-                  e.truncated, e.step_idx, e.achievements_unlocked, e.env_ms, e.info
-           FROM turns t
-           LEFT JOIN llm_calls l ON l.session_id = t.session_id AND l.turn = t.turn
-           LEFT JOIN env_steps e ON e.session_id = t.session_id AND e.turn = t.turn
-           WHERE t.session_id = ? AND t.turn >= ? AND t.turn < ? ORDER BY t.turn""",
+                  e.turn IS NOT NULL AS has_env_step, e.actions, e.reward, e.done,
+                  e.truncated, e.step_idx, e.achievements_unlocked, e.env_ms """
+        + TURNS_JOINED
+        + " WHERE t.session_id = ? AND t.turn >= ? AND t.turn < ? ORDER BY t.turn",
         (session_id, start, start + min(count, MAX_TURN_CHUNK)),
     ).fetchall()
     prompts = {r["turn"]: _json(r["prompt_messages"]) or [] for r in rows}
@@ -451,18 +448,7 @@ def turns(conn: sqlite3.Connection, session_id: str, start: int, count: int) -> 
                     "attempts": r["attempts"],
                     "error": r["llm_error"],
                 },
-                "env": None
-                if not r["has_env_step"]
-                else {
-                    "actions": _json(r["actions"]) or [],
-                    "actions_executed": r["actions_executed"],
-                    "reward": r["reward"],
-                    "done": bool(r["done"]),
-                    "truncated": bool(r["truncated"]),
-                    "step_idx": r["step_idx"],
-                    "unlocked": _json(r["achievements_unlocked"]) or [],
-                    "env_ms": r["env_ms"],
-                },
+                "env": _env_step(r),
             }
         )
     return out

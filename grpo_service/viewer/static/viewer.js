@@ -42,6 +42,7 @@ async function api(path, params) {
 }
 
 function showError(err, where) {
+  setCrumbs(h("a", { href: "#/" }, "rollouts"));
   app.replaceChildren(
     h("div", { class: "card" },
       h("h1", {}, where || "Cannot show this"),
@@ -75,6 +76,7 @@ async function route() {
   stopCurrent();
   stopCurrent = () => {};
   const { parts, params } = parseHash();
+  setCrumbs();
   try {
     if (parts[0] === "rollout" && parts[1]) await rolloutView(parts[1], params);
     else if (parts[0] === "group" && parts[1]) await groupView(parts[1]);
