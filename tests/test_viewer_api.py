@@ -392,3 +392,17 @@ def test_a_text_game_replays_with_text_frames(tmp_path: Path, monkeypatch: pytes
         assert httpx.get(f"{api}/frames/2.png", timeout=30).json()["code"] == "no_frame"
     finally:
         server.stop()
+
+
+def test_a_damaged_json_cell_is_a_clear_4xx(real_trace_db: Path, tmp_path: Path) -> None:
+    db = tmp_path / "damaged.db"
+    shutil.copy(real_trace_db, db)
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE messages SET tool_calls = '{\"cut' WHERE tool_calls IS NOT NULL")
+        sid = conn.execute("SELECT session_id FROM messages WHERE tool_calls IS NOT NULL").fetchone()[0]
+    server = ServerThread(create_viewer_app(db), name="viewer-damaged").start()
+    try:
+        r = httpx.get(f"{server.base_url}/viewer/api/rollouts/{sid}/turns", params={"count": 200}, timeout=30)
+        assert r.status_code == 422 and r.json()["code"] == "corrupt_trace_db", r.text
+    finally:
+        server.stop()
