@@ -406,3 +406,12 @@ def test_a_damaged_json_cell_is_a_clear_4xx(real_trace_db: Path, tmp_path: Path)
         assert r.status_code == 422 and r.json()["code"] == "corrupt_trace_db", r.text
     finally:
         server.stop()
+
+
+def test_the_modal_image_ships_the_viewer_page() -> None:
+    import main
+    from grpo_service.routes.viewer import STATIC_DIR
+
+    ignored = ~main.SHIPPED_FILES
+    assert all(not ignored(path) for path in STATIC_DIR.iterdir())
+    assert not ignored(STATIC_DIR.parent / "runs.py") and ignored(STATIC_DIR.parent / "__pycache__" / "x.pyc")
