@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = ROOT / "pyproject.toml"
-LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference")
+LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training")
 # What of them the image gets: Python sources, and the trace viewer's page (HTML, CSS, JS).
 SHIPPED_FILES = modal.FilePatternMatcher("**/*.py", "**/viewer/static/*")
 

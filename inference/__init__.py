@@ -1,5 +1,9 @@
-"""Inference: the async OpenAI-compatible client and a vLLM-shaped fake server."""
+"""Inference: the async OpenAI-compatible client, the LLM call types and the tool-call parser.
 
+The lowest layer: it imports none of the project's other packages.
+"""
+
+from inference.calls import LLMCall
 from inference.errors import ERROR_KINDS, InferenceError, InferenceErrorKind, TokenMismatchError
 from inference.openai_client import (
     ClientPool,
@@ -12,6 +16,7 @@ from inference.openai_client import (
     resolve_api_key,
     shared_pool,
 )
+from inference.tool_calls import canonical_tool_call, wire_tool_call
 
 __all__ = [
     "ERROR_KINDS",
@@ -19,7 +24,9 @@ __all__ = [
     "InferenceClient",
     "InferenceError",
     "InferenceErrorKind",
+    "LLMCall",
     "TokenMismatchError",
+    "canonical_tool_call",
     "choice_tokens",
     "compact_response",
     "normalize_base_url",
@@ -27,4 +34,5 @@ __all__ = [
     "public_url",
     "resolve_api_key",
     "shared_pool",
+    "wire_tool_call",
 ]

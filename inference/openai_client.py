@@ -31,7 +31,7 @@ import pydantic
 from openai.types.chat import ChatCompletion
 from pydantic import SecretStr
 
-from envs.base import LLMCall
+from inference.calls import LLMCall
 from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchError
 
 # Generous: a hidden per-client connection cap silently serializes concurrent rollouts.

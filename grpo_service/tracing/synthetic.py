@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from envs.base import LLMCall, PolicyDecision, StepResult
+from envs.base import PolicyDecision, StepResult
 from grpo_service.models import RolloutMetrics, RolloutRequest, RolloutResponse
 from grpo_service.rollout import DecisionTrace, RolloutTrace
 from grpo_service.tracing.writer import TraceWriter
+from inference import LLMCall
 
 TOOL = {
     "type": "function",
