@@ -2,27 +2,21 @@
 
 from __future__ import annotations
 
-import webbrowser
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-import uvicorn
-from rich.console import Console
 
-from grpo_service.auth import check_bind_safety
-from grpo_service.cli.export import DB_GLOB, find_trace_dbs
-from grpo_service.errors import ServiceError
-from grpo_service.routes.viewer import create_viewer_app
-from grpo_service.viewer import runs
-
-console = Console()
+if TYPE_CHECKING:
+    from rich.console import Console
 
 
-def newest_db(root: Path) -> Path:
+def newest_db(root: Path, console: Console) -> Path:
+    from grpo_service.cli.export import find_trace_dbs
+
     dbs = find_trace_dbs(root)
     if not dbs:
-        console.print(f"[red]no {DB_GLOB} under {root}[/]: pass the trace DB to view")
+        console.print(f"[red]no trace DB under {root}[/]: pass the trace DB to view")
         raise typer.Exit(2)
     if len(dbs) > 1:
         console.print(f"{len(dbs)} trace DBs here; viewing the newest (pass another as an argument)")
@@ -32,7 +26,7 @@ def newest_db(root: Path) -> Path:
 def view_command(
     db: Annotated[
         Path | None,
-        typer.Argument(dir_okay=False, help="Trace DB [default: the newest task_app_traces*.db below here]."),
+        typer.Argument(dir_okay=False, help="Trace DB [default: the newest trace DB below here]."),
     ] = None,
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, help="Port to listen on.")] = 8765,
@@ -43,7 +37,18 @@ def view_command(
     open_browser: Annotated[bool, typer.Option("--open", help="Open the viewer in a browser.")] = False,
 ) -> None:
     """Browse the rollouts of a trace DB: run list, step-by-step replay with frames, GRPO groups."""
-    path = db if db is not None else newest_db(Path.cwd())
+    import webbrowser
+
+    import uvicorn
+    from rich.console import Console
+
+    from grpo_service.auth import check_bind_safety
+    from grpo_service.errors import ServiceError
+    from grpo_service.routes.viewer import create_viewer_app
+    from grpo_service.viewer import runs
+
+    console = Console()
+    path = db if db is not None else newest_db(Path.cwd(), console)
     try:
         with runs.open_trace_db(path) as conn:
             count = conn.execute("SELECT COUNT(*) FROM sessions").fetchone()[0]
