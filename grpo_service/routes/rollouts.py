@@ -7,13 +7,14 @@ from fastapi import APIRouter, Depends
 from grpo_service.auth import require_api_key
 from grpo_service.batch import run_batch
 from grpo_service.deps import ServicesDep
+from grpo_service.errors import error_responses
 from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import BatchRolloutsRequest, BatchRolloutsResponse
 
 router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
-@router.post("/rollouts", response_model=BatchRolloutsResponse)
+@router.post("/rollouts", response_model=BatchRolloutsResponse, responses=error_responses(413, 422, 429))
 async def rollouts(req: BatchRolloutsRequest, services: ServicesDep) -> BatchRolloutsResponse:
     """One rollout per id with the env's LLM agent against ``base_url``/``model``: per id, in order,
     the score on the env's scale, success, rounds, the conversation, and token ids and logprobs
