@@ -36,7 +36,7 @@ from grpo_service.models import (
     RolloutStep,
     Trajectory,
 )
-from grpo_service.policies import PolicyManager
+from grpo_service.policies import PolicyManager, check_plays
 from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle, new_instance_id
 from inference import LLMCall, compact_response
 
@@ -321,7 +321,8 @@ class RolloutCoordinator:
         llm_timeout = req.safety.llm_timeout_s or self.settings.inference_timeout_s
         record = req.record
         with_tokens = records_tokens(req)
-
+        if adopt_env is None and req.policy.policy_name and req.env.env_name:
+            check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
         env, owns_env = (
             (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
         )
@@ -568,6 +569,8 @@ class RolloutCoordinator:
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
+        if req.policy.policy_name and req.env.env_name:  # before G envs are built for nothing
+            check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         group_id = req.group_id or new_instance_id()
         member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         self._admit([group_id, *member_ids])

@@ -14,7 +14,7 @@ from grpo_service.models import BatchRolloutsRequest, BatchRolloutsResponse
 router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
-@router.post("/rollouts", response_model=BatchRolloutsResponse, responses=error_responses(413, 422, 429))
+@router.post("/rollouts", response_model=BatchRolloutsResponse, responses=error_responses(400, 413, 422, 429))
 async def rollouts(req: BatchRolloutsRequest, services: ServicesDep) -> BatchRolloutsResponse:
     """One rollout per id with the env's LLM agent against ``base_url``/``model``: per id, in order,
     the score on the env's scale, success, rounds, the conversation, and token ids and logprobs
