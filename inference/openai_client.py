@@ -33,6 +33,7 @@ from pydantic import SecretStr
 
 from envs.base import LLMCall
 from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchError
+from inference.nesting import MAX_JSON_DEPTH, too_deep
 
 # Generous: a hidden per-client connection cap silently serializes concurrent rollouts.
 HTTP_LIMITS = httpx2.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=30.0)
@@ -58,25 +59,17 @@ def normalize_base_url(url: str) -> str:
     """``http://vllm:8001`` → ``http://vllm:8001/v1``; a full endpoint URL is cut back to ``/v1``."""
     url = url.strip().rstrip("/")
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"inference URL must start with http:// or https://, got {url!r}")
+        raise ValueError(f"inference URL must start with http:// or https://, got {url!r:.100}")
+    if "@" in url.split("/", 3)[2]:
+        # Not usable (the key goes in `Authorization: Bearer`, which URL credentials would
+        # clash with: aiohttp raises), and not shown back (it would print the password).
+        raise ValueError(
+            "an inference URL must not carry credentials (user:password@); give the key as api_key"
+        )
     for suffix in ("/chat/completions", "/completions"):
         if url.endswith(suffix):
             url = url[: -len(suffix)]
     return url if url.endswith("/v1") else url + "/v1"
-
-
-def public_url(url: str) -> str:
-    """``url`` without a password (``http://user:pass@host`` → ``http://user:***@host``), for
-    anything shown to a caller or logged: /info, a policy's meta, error details."""
-    try:
-        split = urllib.parse.urlsplit(url)
-    except ValueError:
-        return url
-    if split.password is None:
-        return url
-    host = split.netloc.rpartition("@")[2]
-    user = urllib.parse.quote(split.username or "", safe="")
-    return urllib.parse.urlunsplit(split._replace(netloc=f"{user}:***@{host}"))
 
 
 def same_endpoint(a: str, b: str) -> bool:
@@ -203,6 +196,8 @@ def _completion_dict(raw: Any) -> dict[str, Any]:
             raise InferenceError("malformed_response", "the reply is nested too deeply") from None
         if not isinstance(data, dict):
             raise InferenceError("malformed_response", f"expected a JSON object, got {type(data).__name__}")
+        if too_deep(data):
+            raise InferenceError("malformed_response", f"the reply nests more than {MAX_JSON_DEPTH} levels")
         return data
     if not isinstance(raw, ChatCompletion):
         raise InferenceError("malformed_response", f"expected a chat completion, got {type(raw).__name__}")
@@ -423,7 +418,7 @@ class InferenceClient:
 
     def __repr__(self) -> str:
         return (
-            f"InferenceClient(base_url={public_url(self.base_url)!r}, timeout_s={self.timeout_s}, "
+            f"InferenceClient(base_url={self.base_url!r}, timeout_s={self.timeout_s}, "
             f"max_retries={self.max_retries})"
         )
 

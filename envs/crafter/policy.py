@@ -39,6 +39,7 @@ from envs.crafter.actions import (
 )
 from inference import openai_client  # a module import: `inference` may import us mid-way (cycle)
 from inference.errors import InferenceError
+from inference.nesting import too_deep
 
 STATE_VERSION = 1
 
@@ -156,6 +157,9 @@ def tool_result_text(actions: list[str], result: StepResult) -> str:
 
 
 class CrafterReActConfig(PluginConfig):
+    # Errors name the field, not its value: the config carries an API key (and URLs).
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
     inference_url: str | None = Field(default=None, description="Default: the service's inference URL.")
     model: str | None = Field(
         default=None, description="Default: the service's default model, else the first the server lists."
@@ -232,9 +236,13 @@ def parse_tool_calls(
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments) if arguments.strip() else {}
-            except json.JSONDecodeError:
-                arguments = {"raw": arguments}
-                problems.append(("invalid_tool_call", "the tool call's arguments are not valid JSON"))
+                if too_deep(arguments):
+                    raise ValueError
+            except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+                arguments = {"raw": arguments if isinstance(arguments, str) else "(nested too deep)"}
+                problems.append(
+                    ("invalid_tool_call", "the tool call's arguments are not valid JSON (or nest too deep)")
+                )
         if not isinstance(arguments, dict):
             arguments = {"raw": arguments}
             problems.append(("invalid_tool_call", "the tool call's arguments are not a JSON object"))
@@ -377,7 +385,7 @@ class CrafterReActPolicy(Policy[CrafterReActConfig]):
         request = self.build_request(observation)
         meta: dict[str, Any] = {
             "model": self.model,
-            "inference_url": openai_client.public_url(self.inference_url),
+            "inference_url": self.inference_url,
             "turn_index": self.turn_index,
         }
         if dry_run:
