@@ -105,17 +105,18 @@ class Misbehaving:
             payload = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
         elif self.status != 200:
             payload = b'{"error": {"message": "unavailable"}}'
-        elif name == "big":
+        elif name in ("big", "big_error"):  # a reply, or an error page, of `big_bytes`
             payload = b'{"choices": [{"message": {"content": "' + b"x" * self.big_bytes + b'"}}]}'
         else:
             reply = _completion(json.loads(body))
             if name in MALFORMED:
                 MALFORMED[name](reply)
             payload = json.dumps(reply).encode()  # NaN and Infinity come out as Python writes them
+        status = 200 if scope["path"].endswith("/models") else 503 if name == "big_error" else self.status
         await send(
             {
                 "type": "http.response.start",
-                "status": self.status if not scope["path"].endswith("/models") else 200,
+                "status": status,
                 "headers": [(b"content-type", b"application/json")],
             }
         )
@@ -287,7 +288,7 @@ def test_malformed_non_finite_and_huge_replies_are_recorded_policy_errors(
     server = start_server(
         vllm_base_url=url, inference_max_response_bytes=1024 * 1024, trace_db=db, inference_max_retries=0
     )
-    names = [*MALFORMED, "big"]
+    names = [*MALFORMED, "big", "big_error"]
     bodies = {
         name: {
             "run_id": f"bad-{name}",
@@ -311,8 +312,9 @@ def test_malformed_non_finite_and_huge_replies_are_recorded_policy_errors(
         (step,) = trajectory["steps"]  # the failed decision is recorded
         assert step["decision_error"] == "inference_malformed_response" and step["llm"]["error"], name
         assert "malformed_response" in step["decision_error_detail"], name
-    big = answers["big"].json()["trajectories"][0]["steps"][0]
-    assert "exceeds 1048576 bytes" in big["decision_error_detail"]
+    for name in ("big", "big_error"):  # refused as it streamed in, and not retried
+        big = answers[name].json()["trajectories"][0]["steps"][0]
+        assert "exceeds 1048576 bytes" in big["decision_error_detail"] and big["llm"]["attempts"] == 1
     ok = healthy.json()
     assert ok["stop_reason"] == "completed"
     logprobs = ok["trajectories"][0]["steps"][0]["llm"]["completion_logprobs"]
