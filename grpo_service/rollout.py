@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from envs.base import LLMCall, PluginError, PolicyDecision, StepResult
+from envs.base import PluginError, PolicyDecision, StepResult
 from grpo_service.config import Settings
 from grpo_service.environments import EnvManager
 from grpo_service.errors import CapacityExceeded, Conflict, NotFound, ServiceError, Unprocessable
@@ -38,7 +38,7 @@ from grpo_service.models import (
 )
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle, new_instance_id
-from inference import compact_response
+from inference import LLMCall, compact_response
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

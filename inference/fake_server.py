@@ -70,6 +70,11 @@ class FakeConfig(BaseModel):
     )
     latency_jitter_s: float = Field(default=0.0, ge=0)
     actions_per_call: tuple[int, int] = (1, 4)
+    text_actions: list[str] = Field(
+        default_factory=list,
+        description="Without tools, reply in AgentGym's ReAct form: 'Thought: ...' and 'Action: <one of "
+        "these>' (the no_tool_call fault leaves the Action line out). Empty: a plain sentence.",
+    )
     fault_probs: dict[FaultKind, float] = Field(default_factory=dict)
     fault_script: list[FaultKind | Literal["ok"]] = Field(
         default_factory=list, description="Faults for successive requests, then `fault_probs`."
@@ -217,6 +222,10 @@ def _choice(
         finish = "tool_calls"
     else:
         text = content = rng.choice(_TEXT_REPLIES)
+        if cfg.text_actions:
+            text = content = f"Thought: {text}"
+            if fault != "no_tool_call":
+                text = content = f"{text}\nAction: {rng.choice(cfg.text_actions)}"
         finish = "stop"
 
     tokens = tokenize(text)

@@ -31,7 +31,7 @@ import pydantic
 from openai.types.chat import ChatCompletion
 from pydantic import SecretStr
 
-from envs.base import LLMCall
+from inference.calls import LLMCall
 from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchError
 from inference.nesting import MAX_JSON_DEPTH, too_deep
 

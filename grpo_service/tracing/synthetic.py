@@ -11,9 +11,10 @@ import json
 import time
 from typing import Any
 
-from envs.base import LLMCall, PolicyDecision, StepResult
+from envs.base import PolicyDecision, StepResult
 from grpo_service.models import RolloutMetrics, RolloutRequest, RolloutResponse
 from grpo_service.rollout import DecisionTrace, RolloutTrace
+from inference import LLMCall
 
 TOOL = {
     "type": "function",
