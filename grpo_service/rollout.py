@@ -173,9 +173,9 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------------- run registry
 
-    def register_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def register_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self._admit([run_id])
-        return self._add_run(run_id, kind, ops_total)
+        return self._add_run(run_id, kind, ops_total, rl_run_id)
 
     def _admit(self, run_ids: list[str]) -> None:
         """Refuse (409/429) unless every one of ``run_ids`` can be registered now. Registering
@@ -192,9 +192,9 @@ class RolloutCoordinator:
                 headers={"Retry-After": "1"},
             )
 
-    def _add_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def _add_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self.registry.runs.pop(run_id)
-        run = RunHandle(id=run_id, rl_run_id="", kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
+        run = RunHandle(id=run_id, rl_run_id=rl_run_id, kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
         self._evict_finished_runs()
         self.registry.runs.put_evicting(run_id, run)
         return run
@@ -229,11 +229,11 @@ class RolloutCoordinator:
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
         run_id = req.run_id or new_instance_id()
-        run = self.register_run(run_id, "rollout", len(req.op_list()))
+        run = self.register_run(run_id, "rollout", len(req.op_list()), req.rl_run_id)
         return await self._run_registered(run, req)
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
-        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()))
+        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id)
         run.task = asyncio.create_task(self._run_registered(run, req))
         run.task.add_done_callback(_consume_exception)
         return run
@@ -565,9 +565,11 @@ class RolloutCoordinator:
         member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         self._admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
-        run = self._add_run(group_id, "group", member_ops * req.group_size)
+        run = self._add_run(group_id, "group", member_ops * req.group_size, req.rl_run_id)
         run.member_ids = member_ids
-        run.member_runs = [self._add_run(member_id, "rollout", member_ops) for member_id in member_ids]
+        run.member_runs = [
+            self._add_run(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
+        ]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
@@ -622,6 +624,10 @@ class RolloutCoordinator:
             ),
             warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
         )
+        # The group's own counters: its members' totals (live, /run/status sums the members).
+        run.ops_executed = sum(m.ops_executed for m in members_runs)
+        run.llm_s = sum(m.llm_s for m in members_runs)
+        run.env_s = sum(m.env_s for m in members_runs)
         self._finish_run(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
