@@ -26,7 +26,7 @@ from grpo_service.peers import PeerForwarder, PeerRouter
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator, TraceSink
-from grpo_service.routes import env, meta, policy, rollout
+from grpo_service.routes import env, meta, policy, rollout, viewer
 from grpo_service.snapshots import SnapshotService, load_signing_key
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
@@ -150,7 +150,7 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout):  # each route lists the errors it can return
+    for module in (meta, env, policy, rollout, viewer):  # each route lists the errors it can return
         app.include_router(module.router)
     document_security(app)
     # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing

@@ -73,6 +73,8 @@ class RolloutTrace:
     started_at: float
     finished_at: float
     decisions: list[DecisionTrace] = field(default_factory=list)
+    # The config the env was built with (a group member's request only names an adopted env).
+    env_config: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A compact JSON form: per turn, the messages sent and the reply (for ``return_trace``)."""
@@ -466,6 +468,7 @@ class RolloutCoordinator:
             started_at=started_wall,
             finished_at=time.time(),
             decisions=decisions,
+            env_config=_env_config(env),
         )
         if record.return_trace:
             response.trace = trace.to_dict()
@@ -686,6 +689,11 @@ def _unshared(handle: H, what: str) -> H:
     if handle.pins:
         raise Conflict(f"{what} {handle.id} is in use by another running rollout", code=f"{what}_in_use")
     return handle
+
+
+def _env_config(handle: EnvHandle) -> dict[str, Any] | None:
+    config = getattr(handle.env, "config", None)
+    return config.model_dump(mode="json") if hasattr(config, "model_dump") else None
 
 
 def _terminated(env: EnvHandle, policy: PolicyHandle | None) -> str | None:

@@ -51,6 +51,8 @@ print("\\n".join(sorted(sys.modules)))
         ["rollout", "--help"],
         ["export-sft", "--help"],
         ["eval", "--help"],
+        ["eval-report", "--help"],
+        ["view", "--help"],
         ["traces", "--help"],
         ["traces", "show", "--help"],
     ],
