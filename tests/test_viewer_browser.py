@@ -170,10 +170,19 @@ def test_run_list_filter_rollout_steps_and_group(
     assert f"turn {position} /" in text_of(browser, "#pos")
     shot(browser, "3-rollout")
 
-    # Play runs on by itself; pause stops it.
+    # Play runs on by itself; pause stops it (the button, then the space bar).
+    slider = browser.find_element(By.ID, "slider")
     browser.find_element(By.ID, "btn-play").click()
     wait(browser, frame_loaded(position + 2))
     browser.find_element(By.ID, "btn-play").click()
+    browser.execute_script("document.activeElement.blur()")
+    paused_at = int(slider.get_attribute("value"))
+    body.send_keys(Keys.SPACE)
+    wait(browser, lambda d: int(slider.get_attribute("value")) >= paused_at + 2)
+    body.send_keys(Keys.SPACE)
+    stopped_at = int(slider.get_attribute("value"))
+    time.sleep(0.6)  # at 4 frames/s a running player would have moved on
+    assert int(slider.get_attribute("value")) == stopped_at
 
     # A rollout cut short by the policy shows its error.
     error_run = next(s for s in sessions if s["run_id"] == "viewer-policy-error")
