@@ -243,3 +243,31 @@ def test_eval_report_opens_and_links_into_the_viewer(
     assert rows and f"#/rollout/{rows[0]['session_id']}" in browser.current_url
     wait(browser, frame_loaded(0))
     shot(browser, "8-report-link-to-rollout")
+
+
+def test_the_page_says_where_a_replay_diverges(
+    browser: webdriver.Chrome, real_trace_db: Path, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    from grpo_service.routes.viewer import create_viewer_app
+    from inference.server_thread import ServerThread
+
+    db = tmp_path / "tampered.db"
+    shutil.copy(real_trace_db, db)
+    with sqlite3.connect(db) as conn:
+        sid = conn.execute("SELECT session_id FROM sessions WHERE run_id = 'viewer-heuristic'").fetchone()[0]
+        conn.execute(
+            "UPDATE turns SET observation = json_set(observation, '$.inventory.wood', 99) "
+            "WHERE session_id = ? AND turn = 5",
+            (sid,),
+        )
+    server = ServerThread(create_viewer_app(db), name="viewer-diverging").start()
+    try:
+        browser.get(f"{server.base_url}/viewer#/rollout/{sid}?t=5")
+        wait(browser, lambda d: "diverges" in text_of(d, "#banner"))
+        banner = text_of(browser, "#banner")
+        assert "at turn 5 (observation)" in banner and "inventory" in banner
+        shot(browser, "9-rollout-diverging")
+    finally:
+        server.stop()
