@@ -55,6 +55,9 @@ print("\\n".join(sorted(sys.modules)))
         ["view", "--help"],
         ["traces", "--help"],
         ["traces", "show", "--help"],
+        ["init-model", "--help"],
+        ["serve-model", "--help"],
+        ["train", "--help"],
     ],
 )
 def test_help_imports_no_heavy_module(argv: list[str]) -> None:
