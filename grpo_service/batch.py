@@ -32,7 +32,7 @@ from grpo_service.models import (
     RolloutSafetyConfig,
     TurnTokens,
 )
-from inference.openai_client import normalize_base_url, public_url
+from inference.openai_client import normalize_base_url
 
 
 def agent_policies() -> dict[str, str]:
@@ -90,7 +90,7 @@ async def check_model_server(req: BatchRolloutsRequest) -> None:
             response = await client.get(url + "/models")
     except httpx.HTTPError as exc:
         raise Unprocessable(
-            f"the model server at {public_url(url)} is not reachable ({type(exc).__name__})",
+            f"the model server at {url} is not reachable ({type(exc).__name__})",
             code="inference_unreachable",
         ) from None
     if response.status_code != 200:
@@ -101,8 +101,7 @@ async def check_model_server(req: BatchRolloutsRequest) -> None:
         return
     if served and req.model not in served:
         raise Unprocessable(
-            f"model {req.model!r} is not served at {public_url(url)}; "
-            f"it serves: {', '.join(map(str, served))}",
+            f"model {req.model!r} is not served at {url}; it serves: {', '.join(map(str, served))}",
             code="unknown_model",
         )
 
