@@ -96,8 +96,9 @@ class RLConfig(_Config):
     format_penalty: float = Field(
         default=0.0,
         ge=0,
-        description="Subtracted from the reward of a rollout that ended in a policy error (no tool call, "
-        "invalid action): a format reward, the signal a model that cannot yet act needs first.",
+        description="A rollout that ended in a policy error (no tool call, invalid action) loses this, "
+        "scaled by the share of max_turns it did not play: a format reward, the signal a model that "
+        "cannot yet act needs first.",
     )
     fidelity_tolerance: float = Field(
         default=1e-3, gt=0, description="Warn when server and trainer logprobs differ by more."
