@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=400)
     parser.add_argument("--rl-steps", type=int, default=20)
     parser.add_argument("--eval-seeds", type=int, default=16)
+    parser.add_argument(
+        "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     out: Path = args.out
@@ -85,7 +88,8 @@ def main() -> None:
         timings[name] = round(time.monotonic() - started - sum(timings.values()), 1)
         print(f"[{time.monotonic() - started:7.1f}s] {name} done", flush=True)
 
-    model_dir = out / "model"
+    previous = json.loads((args.sft_from / "report.json").read_text()) if args.sft_from else None
+    model_dir = (args.sft_from or out) / "model"
     spec = ModelSpec(
         vocab_size=2048,
         hidden_size=args.hidden,
@@ -95,7 +99,11 @@ def main() -> None:
         intermediate_size=2 * args.hidden,
         max_positions=2048,
     )
-    info = init_model(model_dir, list(environment_corpus(seeds=3, env_names=["crafter"])) + [SYSTEM], spec)
+    if previous is None:
+        corpus = list(environment_corpus(seeds=3, env_names=["crafter"])) + [SYSTEM]
+        info = init_model(model_dir, corpus, spec)
+    else:
+        info = previous["model"]
     lap("init-model")
     engine = ModelEngine(model_dir, served_name="tiny", max_batch_rows=16)
     db = out / "traces.db"
@@ -116,7 +124,10 @@ def main() -> None:
         ):
             report["eval_start"] = evaluate(app, eval_seeds, args.turns)
             lap("eval start")
-            for seed in range(args.teacher_rollouts // 8):
+            if previous is not None:
+                sft = {"final": str(args.sft_from / "sft" / "final")}
+                report["sft"] = previous["sft"]
+            for seed in range(args.teacher_rollouts // 8 if previous is None else 0):
                 body = {
                     "group_size": 8,
                     "env": {"env_name": "crafter", "seed": seed},
@@ -132,29 +143,32 @@ def main() -> None:
                     },
                 }
                 httpx.post(f"{app.base_url}/rollout/group", json=body, timeout=600).raise_for_status()
-            for _ in range(100):
+            for _ in range(100 if previous is None else 0):
                 with TraceReader(db) as reader:
                     if reader.count("sessions") >= args.teacher_rollouts:
                         break
                 time.sleep(0.1)
-            export = export_sft(db, out / "sft.jsonl", ExportFilters(model="teacher"))
-            report["export"] = export.as_dict()
-            lap("collect + export")
-            sft = train_sft(
-                SFTConfig(
-                    model=str(model_dir),
-                    out=str(out / "sft"),
-                    dataset=str(out / "sft.jsonl"),
-                    max_steps=args.sft_steps,
-                    epochs=10_000,
-                    batch_size=8,
-                    lr=3e-3,
-                    warmup_steps=20,
-                    save_every=100,
+            if previous is None:
+                export = export_sft(db, out / "sft.jsonl", ExportFilters(model="teacher"))
+                report["export"] = export.as_dict()
+                lap("collect + export")
+                sft = train_sft(
+                    SFTConfig(
+                        model=str(model_dir),
+                        out=str(out / "sft"),
+                        dataset=str(out / "sft.jsonl"),
+                        max_steps=args.sft_steps,
+                        epochs=10_000,
+                        batch_size=8,
+                        lr=3e-3,
+                        warmup_steps=20,
+                        save_every=100,
+                    )
                 )
-            )
-            report["sft"] = {k: sft[k] for k in ("steps", "examples", "first_loss", "last_loss", "wall_s")}
-            lap("sft")
+                report["sft"] = {
+                    k: sft[k] for k in ("steps", "examples", "first_loss", "last_loss", "wall_s")
+                }
+                lap("sft")
             engine.load_weights(sft["final"])
             report["eval_sft"] = evaluate(app, eval_seeds, args.turns)
             lap("eval sft")
@@ -192,7 +206,7 @@ def main() -> None:
             lap("eval rl")
     engine.close()
     report["timings_s"] = timings
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     for stage in ("eval_start", "eval_sft", "eval_rl"):
         e = report[stage]
         print(

@@ -70,6 +70,10 @@ def test_format_penalty_and_rewards_summed_over_episodes() -> None:
     assert member_reward(member("x", [1.0, 0.5], [])["result"]) == 1.5
     broken = member("x", [0.0], [], stop="policy_error:no_tool_call")["result"]
     assert member_reward(broken) == 0.0 and member_reward(broken, 0.5) == -0.5
+    # Two of 4 turns acted before the third failed: half the penalty.
+    steps = [{"turn": 0}, {"turn": 1}, {"turn": 2, "decision_error": "invalid_action"}]
+    later = member("x", [0.25], steps, stop="policy_error:invalid_action")["result"]
+    assert member_reward(later, 1.0, max_turns=4) == pytest.approx(0.25 - 0.5)
 
 
 def test_group_request_points_the_policy_at_the_model_server() -> None:

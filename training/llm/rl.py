@@ -114,11 +114,13 @@ def group_request(config: RLConfig, seed: int, served_model: str, step: int, ind
     }
 
 
-def member_reward(result: dict[str, Any], format_penalty: float = 0.0) -> float:
-    """The rollout's return, minus ``format_penalty`` if the policy failed to act."""
+def member_reward(result: dict[str, Any], format_penalty: float = 0.0, max_turns: int = 1) -> float:
+    """The rollout's return; if the policy failed to act, minus ``format_penalty`` scaled by the
+    share of ``max_turns`` it did not play (a rollout that acted longer before failing loses less)."""
     reward = float(sum(t["total_reward"] for t in result["trajectories"]))
-    if str(result.get("stop_reason", "")).startswith("policy_error:"):
-        reward -= format_penalty
+    if format_penalty and str(result.get("stop_reason", "")).startswith("policy_error:"):
+        acted = sum(1 for t in result["trajectories"] for s in t["steps"] if not s.get("decision_error"))
+        reward -= format_penalty * (1.0 - min(acted, max_turns) / max_turns)
     return reward
 
 
@@ -134,7 +136,7 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
             if member["status"] == "failed" or result is None:
                 stats["members_failed"] += 1
                 continue
-            rewards.append(member_reward(result, config.format_penalty))
+            rewards.append(member_reward(result, config.format_penalty, config.max_turns))
             group_ids.append(g)
             for trajectory in result["trajectories"]:
                 for step in trajectory["steps"]:
