@@ -18,6 +18,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from inference.calls import LLMCall
+
 # --------------------------------------------------------------------------------------------
 # Errors (the service turns each into a clear 4xx)
 # --------------------------------------------------------------------------------------------
@@ -45,6 +47,11 @@ class EpisodeOver(PluginError):
 
 class UnknownPlugin(PluginError):
     """No environment or policy is registered under that name."""
+
+
+class EnvBusy(PluginError):
+    """A shared resource the environment needs (e.g. a simulator process) stayed busy past its
+    deadline; retrying later can succeed."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,27 +186,6 @@ class Environment(abc.ABC, Generic[ConfigT]):
 # --------------------------------------------------------------------------------------------
 # Policies
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class LLMCall:
-    """One chat-completion call, as the trainer needs it.
-
-    Token ids and logprobs are exactly what the server returned (never re-tokenized); they
-    are ``None`` when the server does not return them (OpenAI, Groq).
-    """
-
-    request: dict[str, Any]
-    response: dict[str, Any] | None
-    latency_ms: float
-    attempts: int = 1
-    usage: dict[str, Any] | None = None
-    model: str | None = None
-    finish_reason: str | None = None
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    completion_logprobs: list[float] | None = None
-    error: str | None = None
 
 
 @dataclass(slots=True)

@@ -10,22 +10,23 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service import __version__
-from grpo_service.auth import document_security
+from grpo_service.auth import APIKeyGate, document_security, redact_access_log
 from grpo_service.config import Settings
 from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
-from grpo_service.errors import ERROR_RESPONSES, install_error_handlers
+from grpo_service.errors import install_error_handlers
 from grpo_service.gc_tuning import serving_gc
 from grpo_service.limits import BodySizeLimit
 from grpo_service.peers import PeerForwarder, PeerRouter
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator, TraceSink
-from grpo_service.routes import env, meta, policy, rollout, training
+from grpo_service.routes import agentgym, env, meta, policy, rollout, rollouts, training, viewer
 from grpo_service.snapshots import SnapshotService, load_signing_key
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
@@ -145,7 +146,8 @@ def create_app(
             if tracer is not None and hasattr(tracer, "close"):
                 await tracer.close()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the service itself, not a CDN: they work offline.
+    app = FastAPIOffline(
         title="grpo-service",
         version=__version__,
         description=DESCRIPTION,
@@ -154,15 +156,20 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout):
-        app.include_router(module.router, responses=ERROR_RESPONSES)
+    for module in (meta, env, policy, rollout, rollouts, viewer):  # each route lists the errors it can return
+        app.include_router(module.router)
+    agentgym.mount(app, services)
     if settings.training_enabled:
-        app.include_router(training.router, responses=ERROR_RESPONSES)
+        app.include_router(training.router)
     document_security(app)
+    # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing
+    # unauthenticated is read, parsed or forwarded), the body size, and the worker router.
+    if forwarder is not None:
+        app.add_middleware(PeerRouter, forwarder=forwarder)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(APIKeyGate, fastapi_app=app)
     if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"
         origins = settings.cors_allow_origins
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-    if forwarder is not None:  # outside CORS: a relayed answer already has the owner's headers
-        app.add_middleware(PeerRouter, forwarder=forwarder)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    redact_access_log()
     return app

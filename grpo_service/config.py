@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inference.openai_client import normalize_base_url
 
 
 class Settings(BaseSettings):
     """Every knob of the task app. Field names map to upper-case environment variables."""
 
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", hide_input_in_errors=True
+    )
 
     service_base_url: str = "http://localhost:8000"
     vllm_base_url: str = "http://localhost:8001"
@@ -105,6 +109,19 @@ class Settings(BaseSettings):
         "they register your reward functions (training.gym.rewards.register_reward) or job types.",
     )
     training_max_loaded_models: int = Field(default=64, ge=1, description="Policies cached in memory.")
+
+    @field_validator("vllm_base_url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        normalize_base_url(url)  # a clear error at startup, not a 500 at the first LLM call
+        return url
+
+    @field_validator("inference_key_urls")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            normalize_base_url(url)
+        return urls
 
     def as_environment(self) -> dict[str, str]:
         """The settings as environment variables, for a child process that rebuilds them

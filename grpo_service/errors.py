@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
 from typing import Any
 
@@ -10,8 +11,17 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
-from envs.base import EpisodeOver, InvalidAction, InvalidConfig, InvalidState, PluginError, UnknownPlugin
+from envs.base import (
+    EnvBusy,
+    EpisodeOver,
+    InvalidAction,
+    InvalidConfig,
+    InvalidState,
+    PluginError,
+    UnknownPlugin,
+)
 from grpo_service.models import ErrorBody
 
 
@@ -72,18 +82,48 @@ _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [
     (InvalidState, 422, "invalid_snapshot"),
     (EpisodeOver, 409, "episode_over"),
     (UnknownPlugin, 400, "unknown_plugin"),
+    (EnvBusy, 429, "env_busy"),
 ]
 
 
-# Documented on every route, so that clients (and schema checkers) know every error's shape.
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": HTTPStatus(status).phrase}
-    for status in (400, 401, 404, 409, 413, 421, 422, 429)
+# What each status means here; a route documents only those it can return (`error_responses`).
+ERROR_MEANINGS: dict[int, str] = {
+    400: "Invalid action, unknown environment or policy plug-in, or a body that is not UTF-8 text",
+    401: "Missing or wrong API key (only when ENVIRONMENT_API_KEY is set)",
+    404: "Unknown id: never issued, terminated, or expired after the idle TTL",
+    409: "The episode is over, or the env/policy/run is in use by a running rollout",
+    413: "Request body larger than MAX_REQUEST_BYTES",
+    421: "The id belongs to another worker or replica of the service",
+    422: "Malformed request, invalid config or snapshot",
+    429: "At capacity: retry after the Retry-After header's seconds",
 }
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the given error statuses, each with the `ErrorBody` shape.
+
+    401 is not listed here: `auth.document_security` adds it to every operation that requires
+    the key, when a key is configured."""
+    return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in sorted(statuses)}
+
+
+# Every status at once, for a router that has not listed its own yet.
+ERROR_RESPONSES = error_responses(*ERROR_MEANINGS)
 
 
 def error_body(code: str, message: str) -> dict[str, str]:
     return {"code": code, "detail": message}
+
+
+async def send_error(
+    send: Send, status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> None:
+    """Answer an error from ASGI middleware (before any route runs), in the usual shape."""
+    body = json.dumps(error_body(code, detail)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
@@ -118,5 +158,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _plugin_error(_: Request, exc: PluginError) -> JSONResponse:
         for cls, status, code in _PLUGIN_STATUS:
             if isinstance(exc, cls):
-                return JSONResponse(error_body(code, str(exc)), status)
+                headers = {"Retry-After": "1"} if status == 429 else None
+                return JSONResponse(error_body(code, str(exc)), status, headers=headers)
         return JSONResponse(error_body("bad_request", str(exc)), 400)

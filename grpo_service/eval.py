@@ -35,10 +35,9 @@ from grpo_service.cli.http import (
     build_policy_config,
     headers,
     policy_uses_inference,
+    rollout_failure,
     timeout,
 )
-
-NORMAL_ENDINGS = frozenset({"completed", "episode_done"})
 
 
 def crafter_achievements() -> tuple[str, ...]:
@@ -148,6 +147,11 @@ def aggregate(results: list[EpisodeResult], achievements: tuple[str, ...]) -> di
         "crafter_score": crafter_score(list(rates.values())),
         "mean_return": (sum(r.total_return for r in scored) / n) if n else 0.0,
         "failures": dict(Counter(r.failure for r in results if r.failure is not None)),
+        # The first episode's words for each cause, e.g. "Cannot connect to host ...".
+        "failure_details": {
+            cause: next(r.error for r in results if r.failure == cause and r.error)
+            for cause in {r.failure for r in results if r.failure is not None and r.error}
+        },
     }
 
 
@@ -159,7 +163,8 @@ def _episode_request(config: EvalConfig, policy_config: dict[str, Any], run_id: 
         "max_turns": config.max_turns,
         "on_done": "terminate",
         "mode": "eval",
-        "record": {"trajectories": False, "observations": False},
+        # Trajectories without observations: small, and the last step names a policy error's cause.
+        "record": {"trajectories": True, "observations": False},
         "safety": {"max_time_s": config.timeout_s},
     }
 
@@ -167,6 +172,7 @@ def _episode_request(config: EvalConfig, policy_config: dict[str, Any], run_id: 
 def _result(index: int, seed: int, run_id: str, response: dict[str, Any], wall_s: float) -> EpisodeResult:
     metrics = response.get("metrics") or {}
     stop_reason = response.get("stop_reason")
+    failure, detail = rollout_failure(response)
     return EpisodeResult(
         index=index,
         seed=seed,
@@ -174,8 +180,8 @@ def _result(index: int, seed: int, run_id: str, response: dict[str, Any], wall_s
         returned=True,
         status=response.get("status"),
         stop_reason=stop_reason,
-        failure=None if stop_reason in NORMAL_ENDINGS else str(stop_reason),
-        error=response.get("error"),
+        failure=failure,
+        error=detail,
         turns=int(metrics.get("num_decisions") or 0),
         steps=int(metrics.get("num_steps") or 0),
         achievements=list(metrics.get("achievements") or []),

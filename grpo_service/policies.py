@@ -11,6 +11,15 @@ from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_inst
 from grpo_service.snapshots import SnapshotService, decode_json_state
 
 
+def check_plays(policy_name: str, env_name: str, what: str) -> None:
+    """Refuse (422) a policy made for another environment: ``what`` names the env in the message."""
+    plays = policy_class(policy_name).env_name
+    if plays and env_name != plays:
+        raise Unprocessable(
+            f"policy {policy_name!r} plays {plays!r}; {what} is {env_name!r}", code="env_policy_mismatch"
+        )
+
+
 class PolicyManager:
     def __init__(self, registry: Registry, snapshots: SnapshotService, context: PolicyContext):
         self.registry = registry
@@ -38,11 +47,7 @@ class PolicyManager:
         cls = policy_class(policy_name)
         if bound_env_id is not None:
             env = self.registry.envs.get(bound_env_id)
-            if cls.env_name and env.env_name != cls.env_name:
-                raise Unprocessable(
-                    f"policy {policy_name!r} plays {cls.env_name!r}; env {bound_env_id} is {env.env_name!r}",
-                    code="env_policy_mismatch",
-                )
+            check_plays(policy_name, env.env_name, f"env {bound_env_id}")
         self.registry.policies.reserve()
         policy = cls.create(config, self.context)
         return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)
@@ -126,21 +131,29 @@ class PolicyManager:
     async def fork(
         self, handle: PolicyHandle, bound_env_ids: list[str | None], parent_snapshot_id: str | None
     ) -> list[PolicyHandle]:
-        for _ in bound_env_ids:
-            self.registry.policies.reserve()
+        """One copy of ``handle`` per entry of ``bound_env_ids``: all of them, or none."""
+        self.registry.policies.reserve(len(bound_env_ids))
         async with handle.lock:
             self._check_open(handle)
             payload = self._state_payload(handle)
-        return [
-            self._register(
-                self._from_payload(payload, handle.policy_name),
-                handle.rl_run_id,
-                bound_env_id=env_id,
-                parent_policy_id=handle.id,
-                parent_snapshot_id=parent_snapshot_id,
-            )
-            for env_id in bound_env_ids
-        ]
+        copies = [self._from_payload(payload, handle.policy_name) for _ in bound_env_ids]
+        kids: list[PolicyHandle] = []
+        try:
+            for policy, env_id in zip(copies, bound_env_ids, strict=True):
+                kids.append(
+                    self._register(
+                        policy,
+                        handle.rl_run_id,
+                        bound_env_id=env_id,
+                        parent_policy_id=handle.id,
+                        parent_snapshot_id=parent_snapshot_id,
+                    )
+                )
+        except BaseException:  # the table filled up meanwhile: undo the copies made
+            for kid in kids:
+                await self.discard(kid)
+            raise
+        return kids
 
     @staticmethod
     def _check_open(handle: PolicyHandle) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-from envs.base import LLMCall, PluginError, PolicyDecision, StepResult
+from envs.base import PluginError, PolicyDecision, StepResult
 from grpo_service.config import Settings
 from grpo_service.environments import EnvManager
 from grpo_service.errors import CapacityExceeded, Conflict, NotFound, ServiceError, Unprocessable
@@ -36,9 +36,9 @@ from grpo_service.models import (
     RolloutStep,
     Trajectory,
 )
-from grpo_service.policies import PolicyManager
+from grpo_service.policies import PolicyManager, check_plays
 from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle, new_instance_id
-from inference import compact_response
+from inference import LLMCall, compact_response
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -73,6 +73,8 @@ class RolloutTrace:
     started_at: float
     finished_at: float
     decisions: list[DecisionTrace] = field(default_factory=list)
+    # The config the env was built with (a group member's request only names an adopted env).
+    env_config: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A compact JSON form: per turn, the messages sent and the reply (for ``return_trace``)."""
@@ -153,6 +155,7 @@ def llm_record(call: LLMCall | None, with_tokens: bool) -> LLMCallRecord | None:
         completion_token_ids=call.completion_token_ids if with_tokens else None,
         completion_logprobs=call.completion_logprobs if with_tokens else None,
         error=call.error,
+        weights_version=call.weights_version,
     )
 
 
@@ -173,9 +176,9 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------------- run registry
 
-    def register_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def register_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self._admit([run_id])
-        return self._add_run(run_id, kind, ops_total)
+        return self._add_run(run_id, kind, ops_total, rl_run_id)
 
     def _admit(self, run_ids: list[str]) -> None:
         """Refuse (409/429) unless every one of ``run_ids`` can be registered now. Registering
@@ -192,9 +195,9 @@ class RolloutCoordinator:
                 headers={"Retry-After": "1"},
             )
 
-    def _add_run(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def _add_run(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self.registry.runs.pop(run_id)
-        run = RunHandle(id=run_id, rl_run_id="", kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
+        run = RunHandle(id=run_id, rl_run_id=rl_run_id, kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
         self._evict_finished_runs()
         self.registry.runs.put_evicting(run_id, run)
         return run
@@ -229,11 +232,11 @@ class RolloutCoordinator:
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
         run_id = req.run_id or new_instance_id()
-        run = self.register_run(run_id, "rollout", len(req.op_list()))
+        run = self.register_run(run_id, "rollout", len(req.op_list()), req.rl_run_id)
         return await self._run_registered(run, req)
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
-        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()))
+        run = self.register_run(req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id)
         run.task = asyncio.create_task(self._run_registered(run, req))
         run.task.add_done_callback(_consume_exception)
         return run
@@ -318,7 +321,8 @@ class RolloutCoordinator:
         llm_timeout = req.safety.llm_timeout_s or self.settings.inference_timeout_s
         record = req.record
         with_tokens = records_tokens(req)
-
+        if adopt_env is None and req.policy.policy_name and req.env.env_name:
+            check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
         env, owns_env = (
             (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
         )
@@ -466,6 +470,7 @@ class RolloutCoordinator:
             started_at=started_wall,
             finished_at=time.time(),
             decisions=decisions,
+            env_config=_env_config(env),
         )
         if record.return_trace:
             response.trace = trace.to_dict()
@@ -534,6 +539,7 @@ class RolloutCoordinator:
         achievements = sorted({a for ep in episodes for a in ep.achievements})
         calls = [d.decision.llm_call for d in decisions if d.decision.llm_call is not None]
         usage = [c.usage or {} for c in calls]
+        versions = [c.weights_version for c in calls if c.weights_version is not None]
         return RolloutMetrics(
             episode_returns=returns,
             mean_return=(sum(returns) / len(returns)) if returns else 0.0,
@@ -549,6 +555,8 @@ class RolloutCoordinator:
             prompt_tokens=sum(int(u.get("prompt_tokens") or 0) for u in usage),
             completion_tokens=sum(int(u.get("completion_tokens") or 0) for u in usage),
             llm_calls_without_tokens=sum(1 for c in calls if _untrainable(c)) if with_tokens else 0,
+            weights_version=min(versions, default=None),
+            weights_version_max=max(versions, default=None),
         )
 
     # ------------------------------------------------------------------------------- groups
@@ -561,13 +569,17 @@ class RolloutCoordinator:
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
+        if req.policy.policy_name and req.env.env_name:  # before G envs are built for nothing
+            check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         group_id = req.group_id or new_instance_id()
         member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         self._admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
-        run = self._add_run(group_id, "group", member_ops * req.group_size)
+        run = self._add_run(group_id, "group", member_ops * req.group_size, req.rl_run_id)
         run.member_ids = member_ids
-        run.member_runs = [self._add_run(member_id, "rollout", member_ops) for member_id in member_ids]
+        run.member_runs = [
+            self._add_run(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
+        ]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
@@ -622,6 +634,10 @@ class RolloutCoordinator:
             ),
             warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
         )
+        # The group's own counters: its members' totals (live, /run/status sums the members).
+        run.ops_executed = sum(m.ops_executed for m in members_runs)
+        run.llm_s = sum(m.llm_s for m in members_runs)
+        run.env_s = sum(m.env_s for m in members_runs)
         self._finish_run(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
@@ -680,6 +696,11 @@ def _unshared(handle: H, what: str) -> H:
     if handle.pins:
         raise Conflict(f"{what} {handle.id} is in use by another running rollout", code=f"{what}_in_use")
     return handle
+
+
+def _env_config(handle: EnvHandle) -> dict[str, Any] | None:
+    config = getattr(handle.env, "config", None)
+    return config.model_dump(mode="json") if hasattr(config, "model_dump") else None
 
 
 def _terminated(env: EnvHandle, policy: PolicyHandle | None) -> str | None:

@@ -7,6 +7,9 @@ errors, timeouts, malformed bodies, cut connections, bad tool calls, token ids t
 match the logprobs) by probability or by a deterministic script.
 
     python -m inference.fake_server --port 8001 --latency 0.2
+
+From the command line, unseeded requests at temperature > 0 get a different answer each time
+(``--deterministic`` turns that off), so a GRPO group's members play different trajectories.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inference.completions import chat_choice, error_body
 from inference.server_thread import ServerThread
 from inference.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
 
@@ -70,6 +74,11 @@ class FakeConfig(BaseModel):
     )
     latency_jitter_s: float = Field(default=0.0, ge=0)
     actions_per_call: tuple[int, int] = (1, 4)
+    text_actions: list[str] = Field(
+        default_factory=list,
+        description="Without tools, reply in AgentGym's ReAct form: 'Thought: ...' and 'Action: <one of "
+        "these>' (the no_tool_call fault leaves the Action line out). Empty: a plain sentence.",
+    )
     fault_probs: dict[FaultKind, float] = Field(default_factory=dict)
     fault_script: list[FaultKind | Literal["ok"]] = Field(
         default_factory=list, description="Faults for successive requests, then `fault_probs`."
@@ -150,10 +159,6 @@ class FakeState:
 # --------------------------------------------------------------------------------------------
 
 
-def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
 def _actions_schema(tool: dict[str, Any]) -> tuple[list[str], int | None]:
     params = tool.get("function", {}).get("parameters", {})
     actions = params.get("properties", {}).get("actions", {}) if isinstance(params, dict) else {}
@@ -217,6 +222,10 @@ def _choice(
         finish = "tool_calls"
     else:
         text = content = rng.choice(_TEXT_REPLIES)
+        if cfg.text_actions:
+            text = content = f"Thought: {text}"
+            if fault != "no_tool_call":
+                text = content = f"{text}\nAction: {rng.choice(cfg.text_actions)}"
         finish = "stop"
 
     tokens = tokenize(text)
@@ -227,18 +236,7 @@ def _choice(
     ids = [token_id(t) for t in tokens]
     logprobs = [-round(rng.expovariate(3.0) + 1e-4, 6) for _ in tokens]
 
-    choice: dict[str, Any] = {
-        "index": index,
-        "message": {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": tool_calls,
-            "reasoning_content": None,
-        },
-        "logprobs": None,
-        "finish_reason": finish,
-        "stop_reason": None,
-    }
+    choice = chat_choice(index, content, tool_calls, finish)
     if body.get("logprobs"):
         top_k = int(body.get("top_logprobs") or 0)
         choice["logprobs"] = {"content": _logprob_entries(tokens, logprobs, top_k)}
@@ -285,33 +283,33 @@ def build_completion(
 
 def _validate_body(body: Any, cfg: FakeConfig) -> JSONResponse | None:
     if not isinstance(body, dict):
-        return JSONResponse(_error_body("body must be a JSON object", "BadRequestError", 400), 400)
+        return JSONResponse(error_body("body must be a JSON object", "BadRequestError", 400), 400)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        return JSONResponse(_error_body("messages must be a non-empty list", "BadRequestError", 400), 400)
+        return JSONResponse(error_body("messages must be a non-empty list", "BadRequestError", 400), 400)
     n = body.get("n", 1)
     if n is not None and (not isinstance(n, int) or not 1 <= n <= 128):
-        return JSONResponse(_error_body("n must be an integer in 1..128", "BadRequestError", 400), 400)
+        return JSONResponse(error_body("n must be an integer in 1..128", "BadRequestError", 400), 400)
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
-            return JSONResponse(_error_body(f"{key} must be a positive integer", "BadRequestError", 400), 400)
+            return JSONResponse(error_body(f"{key} must be a positive integer", "BadRequestError", 400), 400)
     if cfg.strict_model and body.get("model") != cfg.model:
         msg = f"The model `{body.get('model')}` does not exist."
-        return JSONResponse(_error_body(msg, "NotFoundError", 404), 404)
+        return JSONResponse(error_body(msg, "NotFoundError", 404), 404)
     return None
 
 
 def _answer(body: dict[str, Any], cfg: FakeConfig, fault: str, number: int) -> Response:
     """The response to a valid chat request, with ``fault`` applied."""
     if fault == "timeout":
-        return JSONResponse(_error_body("gave up", "Timeout", 504), 504)
+        return JSONResponse(error_body("gave up", "Timeout", 504), 504)
     if fault == "http_429":
         headers = {"Retry-After": f"{cfg.retry_after_s:g}"}
-        return JSONResponse(_error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
+        return JSONResponse(error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
     if fault in ("http_500", "http_503"):
         code = int(fault[-3:])
-        return JSONResponse(_error_body(f"injected {code}", "InternalServerError", code), code)
+        return JSONResponse(error_body(f"injected {code}", "InternalServerError", code), code)
     completion = build_completion(body, cfg, fault, number)
     if fault == "malformed_json":
         return Response(json.dumps(completion)[:-7], media_type="application/json")
@@ -379,7 +377,7 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
             return None
         # Like OpenAI, echo a prefix of the key that was sent (clients must redact it).
         message = f"Incorrect API key provided: {given[:12]}****. Check your key."
-        return JSONResponse(_error_body(message, "AuthenticationError", 401), 401)
+        return JSONResponse(error_body(message, "AuthenticationError", 401), 401)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -390,7 +388,7 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         try:
             body = await request.json()
         except ValueError:
-            return JSONResponse(_error_body("body is not valid JSON", "BadRequestError", 400), 400)
+            return JSONResponse(error_body("body is not valid JSON", "BadRequestError", 400), 400)
         cfg = state.config
         if invalid := _validate_body(body, cfg):
             return invalid
@@ -484,6 +482,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--actions", type=int, nargs=2, default=(1, 4), metavar=("MIN", "MAX"))
     parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="answer the same prompt the same way even when unseeded at temperature > 0 (by default "
+        "such requests vary, as a real LLM's samples do, so the members of a GRPO group differ)",
+    )
+    parser.add_argument(
         "--fault",
         type=_parse_fault_prob,
         action="append",
@@ -499,6 +503,7 @@ def main(argv: list[str] | None = None) -> None:
         latency_jitter_s=args.jitter,
         actions_per_call=tuple(args.actions),
         fault_probs=dict(args.fault),
+        vary_unseeded=not args.deterministic,
     )
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.run(create_fake_app(config), host=args.host, port=args.port, log_level="info")

@@ -16,7 +16,6 @@ from envs.crafter.policy import (
     MAKE_COSTS,
     PLACE_COSTS,
     CrafterReActPolicy,
-    parse_tool_calls,
     system_prompt,
 )
 from inference import InferenceClient, shared_pool
@@ -194,6 +193,13 @@ async def test_connection_refused_is_a_decision_error(context: PolicyContext) ->
     finally:
         await client.aclose()
     assert decision.error == "inference_connection_error"
+
+
+def parse_tool_calls(message: dict[str, Any], max_actions: int) -> tuple[Any, str | None, str | None]:
+    policy = CrafterReActPolicy.create({"max_actions_per_call": max_actions}, PolicyContext())
+    assert isinstance(policy, CrafterReActPolicy)
+    reply = policy.parse_reply(message, "tool_calls")
+    return reply.tool_calls, reply.error, reply.detail
 
 
 def test_parse_tool_calls_shapes() -> None:

@@ -261,9 +261,21 @@ async def test_pool_shares_clients(server: FakeInferenceServer) -> None:
     assert shared_pool() is shared_pool()
 
 
-@pytest.mark.parametrize("module", ["inference", "inference.openai_client", "envs.crafter.policy"])
+@pytest.mark.parametrize(
+    "module", ["inference", "inference.openai_client", "envs.agent", "envs.crafter.policy"]
+)
 def test_imports_in_any_order(module: str) -> None:
-    # inference -> envs.base -> envs/__init__ -> crafter policy -> inference: the cycle must hold.
     code = f"import {module}, envs; assert 'crafter-react' in envs.POLICIES"
+    root = Path(__file__).resolve().parent.parent
+    subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)
+
+
+def test_inference_is_the_lowest_layer() -> None:
+    # `inference` imports none of the project's other packages (no cycle through envs).
+    code = (
+        "import sys, inference, inference.fake_server, inference.toy_tokenizer; "
+        "loaded = {m.split('.')[0] for m in sys.modules} & {'envs', 'storage', 'grpo_service'}; "
+        "assert not loaded, loaded"
+    )
     root = Path(__file__).resolve().parent.parent
     subprocess.run([sys.executable, "-c", code], cwd=root, check=True, timeout=60)

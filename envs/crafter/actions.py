@@ -6,11 +6,11 @@ against it, the ReAct policy builds its tool schema from it, and tool calls are 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from envs.base import InvalidAction
+from inference.tool_calls import canonical_tool_call
 
 # Crafter 1.8.3's `data.yaml` order; the index is the integer action id.
 ACTIONS: tuple[str, ...] = (
@@ -106,49 +106,30 @@ def action_index(action: str | int) -> int:
     raise InvalidAction(f"invalid action of type {type(action).__name__}: expected a name or an index")
 
 
-def _tool_arguments(call: dict[str, Any]) -> Any:
-    args = call.get("args", call.get("arguments"))
-    if args is None and isinstance(call.get("function"), dict):  # OpenAI wire shape
-        args = call["function"].get("arguments")
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except json.JSONDecodeError as exc:
-            raise InvalidAction(f"tool call arguments are not valid JSON: {exc.msg}") from None
-    return args
-
-
-def _tool_name(call: dict[str, Any]) -> str | None:
-    name = call.get("tool", call.get("tool_name", call.get("name")))
-    if name is None and isinstance(call.get("function"), dict):
-        name = call["function"].get("name")
-    return name
-
-
-def actions_from_tool_calls(tool_calls: Sequence[dict[str, Any]]) -> list[int]:
+def actions_from_tool_calls(tool_calls: Sequence[Any]) -> list[int]:
     """Actions named by a list of tool calls, validated, as integer ids.
 
-    Accepted shapes: the canonical ``{"tool": "interact_many", "args": {"actions": [...]}}``,
-    its aliases ``tool_name``/``name`` and ``arguments`` (object or JSON string), the OpenAI
-    wire shape ``{"function": {"name", "arguments"}}``, and a tool named after one action
-    (``{"tool": "move_left"}``). Any invalid action rejects the whole list: no silent noops.
+    Any shape `inference.canonical_tool_call` accepts, calling ``interact_many`` (or
+    ``interact``) with ``{"actions": [...]}`` (or ``{"action": ...}``), or a tool named after
+    one action (``{"tool": "move_left"}``). Any invalid action rejects the whole list: no
+    silent noops.
     """
     if not isinstance(tool_calls, (list, tuple)) or not tool_calls:
         raise InvalidAction("no tool calls to execute")
     actions: list[int] = []
-    for call in tool_calls:
-        if not isinstance(call, dict):
-            raise InvalidAction(f"a tool call must be an object, got {type(call).__name__}")
-        name = _tool_name(call)
+    for i, raw in enumerate(tool_calls):
+        call, problem = canonical_tool_call(raw, i)
+        if problem is not None:
+            raise InvalidAction(problem)
+        name, args = call["tool"], call["args"]
         if name == TOOL_NAME or name == "interact":
-            args = _tool_arguments(call)
-            raw = args.get("actions", args.get("action")) if isinstance(args, dict) else None
-            if raw is None:
+            raw_actions = args.get("actions", args.get("action"))
+            if raw_actions is None:
                 raise InvalidAction(f"tool call {name!r} needs arguments {{'actions': [...]}}")
-            raw_list = raw if isinstance(raw, list) else [raw]
-            if not raw_list:
+            listed = raw_actions if isinstance(raw_actions, list) else [raw_actions]
+            if not listed:
                 raise InvalidAction(f"tool call {name!r} has an empty actions list")
-            actions.extend(action_index(a) for a in raw_list)
+            actions.extend(action_index(a) for a in listed)
         elif isinstance(name, str) and name in ACTION_INDEX:
             actions.append(ACTION_INDEX[name])
         else:

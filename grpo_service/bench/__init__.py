@@ -8,18 +8,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from grpo_service.bench.run import FIGURE_KEYS, FIGURES, RATIO_KEYS, RATIOS, _fmt, run_bench
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench"]
 
 
+def __getattr__(name: str) -> Any:
+    """The runner's names, imported on first use: ``grpo-service --help`` must not load the bench."""
+    if name in ("FIGURE_KEYS", "RATIO_KEYS", "run_bench"):
+        from grpo_service.bench import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def render_table(report: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    from grpo_service.bench.run import FIGURES, RATIOS, _fmt
+
     machine = report["machine"]
     console.print(
         f"[bold]grpo-service bench[/] ({report['mode']}, {report['duration_s']} s) on "
@@ -89,14 +101,28 @@ def bench_main(
     smoke: Annotated[
         bool, typer.Option("--smoke", hidden=True, help="Tiny run for tests (seconds).")
     ] = False,
+    envs: Annotated[
+        bool,
+        typer.Option(
+            "--envs/--no-envs", help="Also measure every environment: steps/s, restores, oracle baselines."
+        ),
+    ] = True,
+    envs_only: Annotated[bool, typer.Option("--envs-only", help="Measure the environments only.")] = False,
 ) -> None:
     """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
+    from rich.console import Console
+
+    from grpo_service.bench import envs as env_bench
+    from grpo_service.bench.run import run_bench
+
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
     if section == "train":
         from grpo_service.bench.train import render_train_report, run_train_bench
 
-        train_report = run_train_bench(mode, log=lambda s: console.print(s, style="dim", highlight=False))
+        train_report = run_train_bench(
+            mode, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
+        )
         render_train_report(train_report, console)
         if json_path is not None:
             json_path.write_text(json.dumps(train_report, indent=2) + "\n")
@@ -105,8 +131,18 @@ def bench_main(
     if section is not None:
         console.print(f"[red]unknown bench section {section!r}[/]: the only one is 'train'")
         raise typer.Exit(2)
-    report = run_bench(mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False))
-    render_table(report, console)
+
+    def log(line: str) -> None:
+        # markup=False: a progress line such as "spread [1.2, 3.4]" is text, not a rich tag.
+        console.print(line, style="dim", highlight=False, markup=False)
+
+    report: dict[str, Any] = {"mode": mode}
+    if not envs_only:
+        report = run_bench(mode, pinning=pin, log=log)
+        render_table(report, console)
+    if envs or envs_only:
+        report["environments"] = env_bench.run_env_bench(mode, log)
+        env_bench.render(report["environments"], console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {json_path}")

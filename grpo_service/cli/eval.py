@@ -2,27 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from grpo_service.cli.http import ServiceCallError
-from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, crafter_achievements, run_eval
-from grpo_service.tracing.codec import redact
+if TYPE_CHECKING:
+    from rich.table import Table
 
-console = Console()
+    from grpo_service.eval import EvalConfig
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
     """TOML keys (top level, or an ``[eval]`` table) overridden by the flags that were given."""
+    import tomllib
+
+    from grpo_service.eval import EvalConfig
+
     values: dict[str, Any] = {}
     if path is not None:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -32,16 +29,21 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
+    from rich.table import Table
+
     table = Table(title="evaluation", show_header=False)
     table.add_row("completed / total", f"{summary['completed']} / {summary['total']}")
     table.add_row("crafter score", f"{summary['crafter_score']:.2f}")
     table.add_row("avg achievements", f"{summary['avg_achievements']:.2f}")
     table.add_row("avg turns", f"{summary['avg_turns']:.2f}")
     table.add_row("mean return", f"{summary['mean_return']:.3f}")
-    freq = summary["achievements_freq"]
-    table.add_row("achievements", ", ".join(f"{a} {n}" for a, n in freq.items()) or "none")
-    failures = summary["failures"]
-    table.add_row("failures", ", ".join(f"{k} {v}" for k, v in failures.items()) or "none")
+    rates = [(a, r) for a, r in summary["success_rates"].items() if r > 0]
+    table.add_row(
+        "success rates", ", ".join(f"{a} {r:.0f}%" for a, r in sorted(rates, key=lambda x: -x[1])) or "none"
+    )
+    details = summary.get("failure_details") or {}
+    for cause, n in summary["failures"].items():
+        table.add_row(f"failed: {cause}", f"{n}" + (f" ({details[cause]})" if cause in details else ""))
     return table
 
 
@@ -67,8 +69,29 @@ def eval_command(
     ] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout", help="Seconds per episode [600].")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write summary + episodes here.")] = None,
+    report_out: Annotated[
+        Path | None, typer.Option("--report", dir_okay=False, help="Write an HTML report with charts here.")
+    ] = None,
+    viewer_url: Annotated[
+        str | None, typer.Option(help="Trace viewer the report links to [default: BASE_URL/viewer].")
+    ] = None,
 ) -> None:
-    """Evaluate a model/policy over N Crafter episodes through /rollout."""
+    """Evaluate a model/policy over N Crafter episodes through /rollout.
+
+    Exits 0 when at least one episode completed, 1 when none did (the causes are printed), 2 when
+    the config is invalid or the task app cannot be used."""
+    import asyncio
+    import tomllib
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from grpo_service.cli.http import ServiceCallError
+    from grpo_service.eval import EpisodeResult, aggregate, crafter_achievements, run_eval
+    from grpo_service.tracing.codec import redact
+
+    console = Console()
     try:
         config = load_config(
             config_file,
@@ -115,14 +138,46 @@ def eval_command(
 
     summary = aggregate(results, crafter_achievements())
     console.print(summary_table(summary))
+    report = {
+        "summary": summary,
+        "config": redact(config.model_dump()),
+        "episodes": [r.model_dump() for r in results],
+    }
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        report = {
-            "summary": summary,
-            "config": redact(config.model_dump()),
-            "episodes": [r.model_dump() for r in results],
-        }
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
-    if summary["total"] and not summary["scored"]:
+    if report_out is not None:
+        from grpo_service.eval_report import write_report
+
+        viewer = viewer_url or config.base_url.rstrip("/") + "/viewer"
+        console.print(f"wrote {write_report(report_out, report, viewer_url=viewer)}")
+    if summary["total"] and not summary["completed"]:
+        console.print("[red]no episode completed[/]: see the failures above")
         raise typer.Exit(1)
+
+
+def eval_report_command(
+    eval_json: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="What `eval --json` wrote.")],
+    out: Annotated[Path, typer.Option("--out", "-o", dir_okay=False, help="HTML file to write.")] = Path(
+        "report.html"
+    ),
+    viewer_url: Annotated[str | None, typer.Option(help="Trace viewer the report links to.")] = None,
+) -> None:
+    """Turn an `eval --json` result into the HTML report (charts embedded, one file)."""
+    from rich.console import Console
+
+    from grpo_service.eval_report import write_report
+
+    console = Console()
+    try:
+        result = json.loads(eval_json.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        console.print(f"[red]{eval_json} is not JSON:[/] {exc}")
+        raise typer.Exit(2) from None
+    if not isinstance(result, dict) or not isinstance(result.get("summary"), dict):
+        console.print(f"[red]{eval_json} is not an eval result[/] (no summary): write one with `eval --json`")
+        raise typer.Exit(2)
+    if viewer_url is None and isinstance(result.get("config"), dict) and result["config"].get("base_url"):
+        viewer_url = str(result["config"]["base_url"]).rstrip("/") + "/viewer"
+    console.print(f"wrote {write_report(out, result, viewer_url=viewer_url)}")

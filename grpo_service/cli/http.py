@@ -168,3 +168,25 @@ def build_policy_config(
         if value is not None:
             config[key] = value
     return config
+
+
+# How a returned rollout ended: only these are a completed run. Anything else (a policy error such
+# as ``policy_error:inference_connection_error``, ``time_limit``, ``aborted``, ``error``) is a
+# failure, even though the service answered 200 with the partial trajectory.
+NORMAL_ENDINGS = frozenset({"completed", "episode_done"})
+
+
+def rollout_failure(response: dict[str, Any]) -> tuple[str | None, str | None]:
+    """``(cause, detail)`` of a returned rollout that did not complete, ``(None, None)`` if it did.
+
+    The detail is the service's ``error`` or, for a policy error, the failing decision's
+    ``decision_error_detail`` (e.g. "Cannot connect to host 127.0.0.1:9998")."""
+    stop_reason = response.get("stop_reason")
+    if stop_reason in NORMAL_ENDINGS and response.get("status") == "completed":
+        return None, None
+    detail = response.get("error")
+    for trajectory in reversed(response.get("trajectories") or []):
+        steps = trajectory.get("steps") or []
+        if not detail and steps:
+            detail = steps[-1].get("decision_error_detail")
+    return str(stop_reason or response.get("status")), detail

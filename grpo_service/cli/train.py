@@ -1,191 +1,111 @@
-"""``grpo-service train``: run a training job in this process with a progress bar (the same
-trainer as ``POST /train``), and ``grpo-service jobs``: the jobs a running service knows."""
+"""``grpo-service train --type sft|rl --config F.toml``: seed 001's two training steps on a model
+made here or any local checkpoint (``sft``: on ``export-sft`` JSONL; ``rl``: GRPO against the task
+app, sampling from ``serve-model``). ``--type gymnasium``: seed 004's GRPO of an MLP policy on a
+gymnasium env (grpo_service/cli/train_gym.py)."""
 
 from __future__ import annotations
 
 import json
-import signal
-import time
-import tomllib
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
-from grpo_service.cli.http import ServiceCallError, call, headers, timeout
-from grpo_service.config import Settings
 
 console = Console()
 
 
-def parse_sets(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; a value that parses as JSON (numbers, true, lists) is taken as such."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep or not key:
-            raise typer.BadParameter(f"--set {pair!r}: use key=value")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
-    return out
+class TrainType(StrEnum):
+    sft = "sft"
+    rl = "rl"
+    gymnasium = "gymnasium"
+
+
+def _summary(title: str, result: dict[str, Any]) -> Table:
+    table = Table(title=title, show_header=False)
+    for key, value in result.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict | list) else str(value))
+    return table
 
 
 def train_command(
-    job_type: Annotated[
-        str, typer.Option("--type", help="Job type: gymnasium (GRPO of an MLP policy on a gymnasium env).")
-    ] = "gymnasium",
+    type_: Annotated[
+        TrainType,
+        typer.Option("--type", help="sft: supervised on chat JSONL; rl: GRPO; gymnasium: GRPO on a gym env."),
+    ],
     config_file: Annotated[
-        Path | None, typer.Option("--config", exists=True, dir_okay=False, help="TOML: top level or [train].")
+        Path | None,
+        typer.Option(
+            "--config", exists=True, dir_okay=False, help="TOML: top level or a [sft]/[rl]/[train] table."
+        ),
     ] = None,
-    env: Annotated[str | None, typer.Option(help="Gymnasium env id [CartPole-v1].")] = None,
-    timesteps: Annotated[int | None, typer.Option(help="Env-step budget [10000].")] = None,
-    lr: Annotated[float | None, typer.Option("--lr", help="Adam learning rate [3e-4].")] = None,
-    n_steps: Annotated[int | None, typer.Option(help="Episodes per update [32].")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="Episodes per minibatch [64].")] = None,
-    epochs: Annotated[int | None, typer.Option(help="Passes over each update [10].")] = None,
-    group_size: Annotated[int | None, typer.Option(help="Episodes per group (one reset seed) [8].")] = None,
-    reward: Annotated[str | None, typer.Option(help="Reward function [optimized_cartpole].")] = None,
-    seed: Annotated[int | None, typer.Option(help="Random seed [0].")] = None,
+    dataset: Annotated[
+        Path | None, typer.Option("--dataset", exists=True, dir_okay=False, help="sft: the chat JSONL.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option("--out", file_okay=False, help="The run directory.")] = None,
+    env: Annotated[str | None, typer.Option(help="gymnasium: env id [CartPole-v1].")] = None,
+    timesteps: Annotated[int | None, typer.Option(help="gymnasium: env-step budget [10000].")] = None,
+    lr: Annotated[float | None, typer.Option("--lr", help="gymnasium: Adam learning rate [3e-4].")] = None,
+    n_steps: Annotated[int | None, typer.Option(help="gymnasium: episodes per update [32].")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="gymnasium: episodes per minibatch [64].")] = None,
+    epochs: Annotated[int | None, typer.Option(help="gymnasium: passes over each update [10].")] = None,
+    group_size: Annotated[int | None, typer.Option(help="gymnasium: episodes per group [8].")] = None,
+    reward: Annotated[
+        str | None, typer.Option(help="gymnasium: reward function [optimized_cartpole].")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="gymnasium: random seed [0].")] = None,
     target_return: Annotated[
-        float | None, typer.Option(help="Stop once the 20-episode mean reaches it.")
+        float | None, typer.Option(help="gymnasium: stop once the 20-episode mean reaches it.")
     ] = None,
-    model_name: Annotated[str | None, typer.Option(help="Save as MODELS_DIR/<name>.zip [generated].")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace an existing model of that name.")] = False,
+    model_name: Annotated[str | None, typer.Option(help="gymnasium: save as MODELS_DIR/<name>.zip.")] = None,
+    overwrite: Annotated[bool, typer.Option(help="gymnasium: replace a model of that name.")] = False,
     sets: Annotated[
-        list[str] | None, typer.Option("--set", help="Any config field: key=value (repeatable).")
+        list[str] | None, typer.Option("--set", help="gymnasium: any config field, key=value (repeatable).")
     ] = None,
-    models_dir: Annotated[
-        Path | None, typer.Option(help="Where models are saved [STATE_DIR/models, as the service's].")
-    ] = None,
-    threads: Annotated[int, typer.Option(min=1, help="torch threads.")] = 1,
+    models_dir: Annotated[Path | None, typer.Option(help="gymnasium: [STATE_DIR/models].")] = None,
+    threads: Annotated[int, typer.Option(min=1, help="gymnasium: torch threads.")] = 1,
 ) -> None:
-    """Train a policy here, with the trainer ``POST /train`` runs, and save it where the service finds it."""
-    import training.job_types  # noqa: F401  (registers the job types)
-    from training.context import TrainContext
-    from training.jobs import get_job_type, load_target
-    from training.model_store import InvalidModelName, ModelStore
+    """Train an LLM (SFT on exported traces, or GRPO against the task app through the model server),
+    or a gymnasium policy with GRPO (the trainer ``POST /train`` runs, with a progress bar)."""
+    if type_ is TrainType.gymnasium:
+        from grpo_service.cli.train_gym import gym_train
 
-    try:
-        kind = get_job_type(job_type)
-    except KeyError as exc:
-        console.print(f"[red]{exc.args[0]}[/]")
-        raise typer.Exit(2) from None
-    values: dict[str, Any] = {}
-    if config_file is not None:
-        data = tomllib.loads(config_file.read_text(encoding="utf-8"))
-        values.update(data.get("train", data))
-    flags = {
-        "env_name": env,
-        "total_timesteps": timesteps,
-        "learning_rate": lr,
-        "n_steps": n_steps,
-        "batch_size": batch_size,
-        "n_epochs": epochs,
-        "group_size": group_size,
-        "reward_function_type": reward,
-        "seed": seed,
-        "target_return": target_return,
-        "model_name": model_name,
-        "overwrite": overwrite or None,
-    }
-    values.update({k: v for k, v in flags.items() if v is not None})
-    values.update(parse_sets(sets or []))
-    values["type"] = job_type
-    try:
-        config = kind.config_model.model_validate(values)
-    except ValidationError as exc:
-        console.print(f"[red]invalid {job_type} config:[/]\n{exc}")
-        raise typer.Exit(2) from None
-    store = ModelStore(models_dir or Settings().state_dir / "models")
-    name = getattr(config, "model_name", None) or f"grpo_model_{time.strftime('%Y%m%d_%H%M%S')}"
-    try:
-        if store.exists(name) and not getattr(config, "overwrite", False):
-            console.print(
-                f"[red]model {name!r} exists in {store.models_dir}[/]: pass --overwrite to replace it"
-            )
-            raise typer.Exit(2)
-    except InvalidModelName as exc:
-        console.print(f"[red]{exc}[/]")
-        raise typer.Exit(2) from None
-    config = config.model_copy(update={"model_name": name})
-
-    import torch
-
-    torch.set_num_threads(threads)
-    trainer = load_target(kind.target)
-    interrupted = {"stop": False}
-
-    def on_sigint(signum: int, frame: Any) -> None:
-        interrupted["stop"] = True  # the trainer saves and returns
-
-    previous = signal.signal(signal.SIGINT, on_sigint)
-    total = int(getattr(config, "total_timesteps", 0) or 0)
-    try:
-        with Progress(
-            TextColumn("[bold]train[/] {task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]}"),
-            TimeElapsedColumn(),
-            console=console,
-        ) as progress:
-            task = progress.add_task("starting", total=total or None, rate="")
-
-            def report(current: int, total_: int, m: dict[str, Any]) -> None:
-                desc = f"return {m.get('mean_episode_return', 0):.1f}  loss {m.get('loss', 0):+.4f}"
-                rate = f"{m.get('steps_per_s', 0):,.0f} steps/s"
-                progress.update(
-                    task, completed=min(current, total_), total=total_, description=desc, rate=rate
-                )
-
-            ctx = TrainContext(store.models_dir, name, report=report, should_stop=lambda: interrupted["stop"])
-            result = trainer(config, ctx)
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    m = result.get("metrics", {})
-    console.print(
-        f"{result.get('reason')}: {m.get('timesteps', 0)} steps, {m.get('updates', 0)} updates, "
-        f"mean return {m.get('mean_episode_return', 0):.1f}; saved {ctx.model_path}"
-    )
-    if ctx.curves_path.exists():
-        console.print(f"curves {ctx.curves_path}, metrics {ctx.metrics_path}")
-
-
-def jobs_command(
-    base_url: Annotated[
-        str, typer.Option(envvar="TASK_APP_URL", help="The service.")
-    ] = "http://localhost:8000",
-    api_key: Annotated[str | None, typer.Option(envvar="ENVIRONMENT_API_KEY", show_default=False)] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print the JSON the service answered.")] = False,
-) -> None:
-    """List the training jobs of a running service (GET /training/jobs)."""
-    try:
-        with httpx.Client(base_url=base_url, headers=headers(api_key), timeout=timeout(10.0)) as client:
-            body = call(client, "GET", "/training/jobs")
-    except ServiceCallError as exc:
-        console.print(f"[red]cannot list jobs at {base_url}:[/] {exc}")
-        raise typer.Exit(2) from None
-    if as_json:
-        console.print_json(json.dumps(body))
+        gym_train(
+            type_.value, config_file, env, timesteps, lr, n_steps, batch_size, epochs, group_size, reward,
+            seed, target_return, model_name, overwrite, sets, models_dir, threads,
+        )  # fmt: skip
         return
-    table = Table(title=f"training jobs at {base_url}")
-    for col in ("job_id", "type", "status", "progress", "model", "started", "ended"):
-        table.add_column(col)
-    for job in body["jobs"]:
-        table.add_row(
-            job["job_id"],
-            job["job_type"],
-            job["status"],
-            f"{job['progress']:.0%}",
-            job["model_name"],
-            job["start_time"],
-            job["end_time"] or "",
-        )
-    console.print(table)
+    if config_file is None:
+        raise typer.BadParameter("--config is required for --type sft and rl")
+    from training.llm.config import RLConfig, SFTConfig
+    from training.llm.run import ConfigError, load_config
+
+    overrides: dict[str, Any] = {"out": str(out) if out else None}
+    try:
+        if type_ is TrainType.sft:
+            overrides["dataset"] = str(dataset) if dataset else None
+            config = load_config(SFTConfig, config_file, "sft", **overrides)
+        else:
+            if dataset is not None:
+                raise typer.BadParameter("--dataset is for --type sft")
+            config = load_config(RLConfig, config_file, "rl", **overrides)
+        if config.out is None:
+            raise ConfigError(f"{config_file}: give `out` (the run directory) or --out")
+    except ConfigError as exc:
+        console.print(f"[red]invalid config[/]: {exc}")
+        raise typer.Exit(2) from None
+    if type_ is TrainType.sft:
+        from training.llm.sft import train_sft
+
+        try:
+            result = train_sft(config, console=console)
+        except (ValueError, FileNotFoundError) as exc:
+            console.print(f"[red]SFT failed[/]: {exc}")
+            raise typer.Exit(1) from None
+    else:
+        from grpo_service.llm_training import train_rl_job
+
+        result = train_rl_job(config)
+    console.print(_summary(f"train --type {type_.value}", result))

@@ -1,0 +1,30 @@
+"""What one chat-completion call leaves behind (`LLMCall`): the types every layer above shares."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(slots=True)
+class LLMCall:
+    """One chat-completion call, as the trainer needs it.
+
+    Token ids and logprobs are exactly what the server returned (never re-tokenized); they
+    are ``None`` when the server does not return them (OpenAI, Groq).
+    """
+
+    request: dict[str, Any]
+    response: dict[str, Any] | None
+    latency_ms: float
+    attempts: int = 1
+    usage: dict[str, Any] | None = None
+    model: str | None = None
+    finish_reason: str | None = None
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    completion_logprobs: list[float] | None = None
+    error: str | None = None
+    # The server's weights version when it reports one (our `serve-model` does; vLLM does not):
+    # a trainer drops samples drawn from weights older than the ones it is training.
+    weights_version: int | None = None
