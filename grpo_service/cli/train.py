@@ -34,7 +34,7 @@ def train_command(
     type_: Annotated[
         TrainType,
         typer.Option("--type", help="sft: supervised on chat JSONL; rl: GRPO; gymnasium: GRPO on a gym env."),
-    ],
+    ] = TrainType.gymnasium,
     config_file: Annotated[
         Path | None,
         typer.Option(

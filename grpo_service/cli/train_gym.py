@@ -10,16 +10,10 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
-from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from grpo_service.cli.http import ServiceCallError, call, headers, timeout
-from grpo_service.config import Settings
-
+# Only typer and rich at the top (the CLI's rule: `--help` imports nothing heavy).
 console = Console()
 
 
@@ -58,7 +52,11 @@ def gym_train(
 ) -> None:
     """Train a policy here, with the trainer ``POST /train`` runs, and save it where the service finds
     it. Called by ``grpo-service train --type gymnasium`` (grpo_service/cli/train.py)."""
+    from pydantic import ValidationError
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     import training.job_types  # noqa: F401  (registers the job types)
+    from grpo_service.config import Settings
     from training.context import TrainContext
     from training.jobs import get_job_type, load_target
     from training.model_store import InvalidModelName, ModelStore
@@ -157,6 +155,11 @@ def jobs_command(
     as_json: Annotated[bool, typer.Option("--json", help="Print the JSON the service answered.")] = False,
 ) -> None:
     """List the training jobs of a running service (GET /training/jobs)."""
+    import httpx
+    from rich.table import Table
+
+    from grpo_service.cli.http import ServiceCallError, call, headers, timeout
+
     try:
         with httpx.Client(base_url=base_url, headers=headers(api_key), timeout=timeout(10.0)) as client:
             body = call(client, "GET", "/training/jobs")
