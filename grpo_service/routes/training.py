@@ -14,7 +14,14 @@ from fastapi import APIRouter, Body, Depends, Path
 from grpo_service import __version__
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
-from grpo_service.errors import CapacityExceeded, Conflict, NotFound, ServiceError, Unprocessable
+from grpo_service.errors import (
+    ERROR_RESPONSES,
+    CapacityExceeded,
+    Conflict,
+    NotFound,
+    ServiceError,
+    Unprocessable,
+)
 from grpo_service.limits import StrictJSONRoute
 from grpo_service.routes.meta import ENDPOINTS
 from grpo_service.training_models import (
@@ -36,7 +43,12 @@ from training.gym.policy import InvalidPolicyFile
 from training.jobs import TERMINAL, Job, JobLimitReached, ModelNameTaken, get_job_type
 from training.model_store import InvalidModelName, ModelNotFound
 
-router = APIRouter(tags=["training"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
+router = APIRouter(
+    tags=["training"],
+    dependencies=[Depends(require_api_key)],
+    route_class=StrictJSONRoute,
+    responses=ERROR_RESPONSES,
+)
 
 TRAINING_ENDPOINTS = {
     "train": "POST /train",
