@@ -120,6 +120,10 @@ class EpisodeResult(BaseModel):
     steps: int = 0
     achievements: list[str] = Field(default_factory=list)
     total_return: float = 0.0
+    score: float | None = Field(
+        default=None, description="The env's own score (text games), if it keeps one."
+    )
+    success: bool | None = Field(default=None, description="The task was solved (text games).")
     wall_s: float = 0.0
 
 
@@ -152,6 +156,18 @@ def aggregate(results: list[EpisodeResult], achievements: tuple[str, ...]) -> di
             cause: next(r.error for r in results if r.failure == cause and r.error)
             for cause in {r.failure for r in results if r.failure is not None and r.error}
         },
+        **_task_metrics(scored),
+    }
+
+
+def _task_metrics(scored: list[EpisodeResult]) -> dict[str, Any]:
+    """A text game's metrics: the mean of its own score and the success rate (empty for Crafter)."""
+    with_score = [r for r in scored if r.score is not None]
+    if not with_score:
+        return {}
+    return {
+        "mean_score": sum(r.score or 0.0 for r in with_score) / len(with_score),
+        "success_rate": sum(1 for r in with_score if r.success) / len(with_score),
     }
 
 
@@ -172,6 +188,9 @@ def _episode_request(config: EvalConfig, policy_config: dict[str, Any], run_id: 
 def _result(index: int, seed: int, run_id: str, response: dict[str, Any], wall_s: float) -> EpisodeResult:
     metrics = response.get("metrics") or {}
     stop_reason = response.get("stop_reason")
+    trajectories = response.get("trajectories") or [{}]
+    steps = trajectories[-1].get("steps") or [{}]
+    last_info = steps[-1].get("info") or {}
     failure, detail = rollout_failure(response)
     return EpisodeResult(
         index=index,
@@ -186,6 +205,8 @@ def _result(index: int, seed: int, run_id: str, response: dict[str, Any], wall_s
         steps=int(metrics.get("num_steps") or 0),
         achievements=list(metrics.get("achievements") or []),
         total_return=float(sum(metrics.get("episode_returns") or [0.0])),
+        score=float(last_info["score"]) if isinstance(last_info.get("score"), (int, float)) else None,
+        success=bool(last_info["success"]) if "success" in last_info else None,
         wall_s=round(wall_s, 3),
     )
 

@@ -33,6 +33,9 @@ def summary_table(summary: dict[str, Any]) -> Table:
 
     table = Table(title="evaluation", show_header=False)
     table.add_row("completed / total", f"{summary['completed']} / {summary['total']}")
+    if "success_rate" in summary:  # a text game
+        table.add_row("success rate", f"{summary['success_rate']:.1%}")
+        table.add_row("mean score", f"{summary['mean_score']:.3f}")
     table.add_row("crafter score", f"{summary['crafter_score']:.2f}")
     table.add_row("avg achievements", f"{summary['avg_achievements']:.2f}")
     table.add_row("avg turns", f"{summary['avg_turns']:.2f}")
@@ -58,7 +61,12 @@ def eval_command(
         str | None, typer.Option(envvar="INFERENCE_API_KEY", show_default=False)
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model id, e.g. ft:... (default: the service's).")] = None,
-    policy: Annotated[str | None, typer.Option(help="Policy plug-in [default: crafter-react].")] = None,
+    env: Annotated[
+        str | None, typer.Option("--env", help="Environment: crafter, textcraft, babyai, sciworld [crafter].")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="Policy plug-in [default: the env's agent, e.g. textcraft-agent].")
+    ] = None,
     episodes: Annotated[
         int | None, typer.Option(min=1, help="Episodes [default: 10, or one per seed].")
     ] = None,
@@ -101,7 +109,8 @@ def eval_command(
                 "inference_url": inference_url,
                 "inference_api_key": inference_api_key,
                 "model": model,
-                "policy": policy,
+                "env_name": env,
+                "policy": policy or (f"{env}-agent" if env and env != "crafter" else None),
                 "episodes": episodes,
                 "max_turns": max_turns,
                 "concurrency": concurrency,
