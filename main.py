@@ -159,6 +159,6 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":
-    from grpo_service.server import serve
+    from grpo_service.serving.server import serve
 
     serve(Settings())

@@ -19,11 +19,11 @@ import pytest
 from starlette.types import Receive, Scope, Send
 
 from grpo_service.models import RolloutRequest
-from inference.fake_server import FakeConfig, FakeInferenceServer, build_completion
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
 from tests.hardening import assert_error, counts, rss_mb, start_service
 from tests.test_hardening_inference import wait_for_traces
+from tools.fake_server import FakeConfig, FakeInferenceServer, build_completion
+from tools.server_thread import ServerThread
 
 SERVER_KEY = "sk-server-inference-key-0123456789abcdef"
 

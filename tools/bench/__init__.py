@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_service.bench.run import FIGURE_KEYS, FIGURES, RATIO_KEYS, RATIOS, _fmt, run_bench
+from tools.bench.run import FIGURE_KEYS, FIGURES, RATIO_KEYS, RATIOS, _fmt, run_bench
 
 __all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench"]
 
