@@ -1,4 +1,4 @@
-"""``grpo-service eval``: N episodes through ``/rollout``, aggregated as the Crafter paper scores them."""
+"""``grpo-service eval``: N episodes of any environment through ``/rollout``, and their aggregate."""
 
 from __future__ import annotations
 
@@ -14,11 +14,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from grpo_service.cli.http import ServiceCallError
-from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, crafter_achievements, run_eval
+from grpo_service.client import ServiceCallError
+from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, environment_metrics, run_eval
 from grpo_service.tracing.codec import redact
 
 console = Console()
+COMMON_KEYS = frozenset(
+    {
+        "completed",
+        "total",
+        "scored",
+        "avg_turns",
+        "avg_achievements",
+        "achievements_freq",
+        "mean_return",
+        "failures",
+    }
+)
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
@@ -32,9 +44,12 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
+    """The common keys, then the environment's own metrics (numbers; per-achievement rates omitted)."""
     table = Table(title="evaluation", show_header=False)
     table.add_row("completed / total", f"{summary['completed']} / {summary['total']}")
-    table.add_row("crafter score", f"{summary['crafter_score']:.2f}")
+    for key in summary.keys() - COMMON_KEYS:
+        if isinstance(summary[key], int | float):
+            table.add_row(key.replace("_", " "), f"{summary[key]:.3g}")
     table.add_row("avg achievements", f"{summary['avg_achievements']:.2f}")
     table.add_row("avg turns", f"{summary['avg_turns']:.2f}")
     table.add_row("mean return", f"{summary['mean_return']:.3f}")
@@ -56,7 +71,12 @@ def eval_command(
         str | None, typer.Option(envvar="INFERENCE_API_KEY", show_default=False)
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model id, e.g. ft:... (default: the service's).")] = None,
-    policy: Annotated[str | None, typer.Option(help="Policy plug-in [default: crafter-react].")] = None,
+    env_name: Annotated[
+        str | None, typer.Option("--env", help="Environment plug-in [default: crafter].")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="Policy plug-in [default: the environment's LLM policy].")
+    ] = None,
     episodes: Annotated[
         int | None, typer.Option(min=1, help="Episodes [default: 10, or one per seed].")
     ] = None,
@@ -66,9 +86,11 @@ def eval_command(
         str | None, typer.Option(help='World seeds: "0-19" or "1,5,9" [default: 0..N-1].')
     ] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout", help="Seconds per episode [600].")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write summary + episodes here.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the aggregate + episodes here.")
+    ] = None,
 ) -> None:
-    """Evaluate a model/policy over N Crafter episodes through /rollout."""
+    """Evaluate a model/policy over N episodes of an environment through /rollout."""
     try:
         config = load_config(
             config_file,
@@ -78,6 +100,7 @@ def eval_command(
                 "inference_url": inference_url,
                 "inference_api_key": inference_api_key,
                 "model": model,
+                "env_name": env_name,
                 "policy": policy,
                 "episodes": episodes,
                 "max_turns": max_turns,
@@ -112,13 +135,16 @@ def eval_command(
         except ServiceCallError as exc:
             console.print(f"[red]cannot use the task app at {config.base_url}:[/] {exc}")
             raise typer.Exit(2) from None
+        except ValueError as exc:  # no policy plays this environment
+            console.print(f"[red]invalid eval config:[/] {exc}")
+            raise typer.Exit(2) from None
 
-    summary = aggregate(results, crafter_achievements())
+    summary = aggregate(results, environment_metrics(config.env_name))
     console.print(summary_table(summary))
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         report = {
-            "summary": summary,
+            "aggregate": summary,
             "config": redact(config.model_dump()),
             "episodes": [r.model_dump() for r in results],
         }

@@ -7,19 +7,11 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from grpo_service.cli.http import (
-    ServiceCallError,
-    build_policy_config,
-    call,
-    headers,
-    policy_uses_inference,
-    timeout,
-)
+from grpo_service.client import ServiceCallError, TaskAppClient, build_policy_config, policy_uses_inference
 from grpo_service.tracing.codec import redact
 
 console = Console()
@@ -107,9 +99,9 @@ def rollout_command(
 ) -> None:
     """Run one traced rollout and write <run_id>_trace.json in the current directory."""
     run_id = run_id or f"rollout-{uuid.uuid4().hex[:8]}"
-    with httpx.Client(base_url=base_url, headers=headers(api_key), timeout=timeout(30.0)) as client:
+    with TaskAppClient(base_url, api_key, timeout_s=30.0) as client:
         try:
-            info = call(client, "GET", "/info")
+            info = client.info()
         except ServiceCallError as exc:
             if exc.status in (401, 403):
                 raise _fail(f"{base_url}: {exc.detail} (pass --api-key or set ENVIRONMENT_API_KEY)") from None
@@ -135,7 +127,7 @@ def rollout_command(
         with console.status(f"running rollout {run_id} ({max_llm_calls} decisions max)…"):
             try:
                 # Retried only when the service refused it outright (busy, unreachable).
-                response = call(client, "POST", "/rollout", json=body, read_timeout_s=timeout_s + 30)
+                response = client.rollout(body).model_dump(mode="json")
             except ServiceCallError as exc:
                 raise _fail(f"rollout failed: {exc}") from None
     path = Path.cwd() / f"{run_id}_trace.json"
