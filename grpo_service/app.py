@@ -22,11 +22,12 @@ from grpo_service.errors import ERROR_RESPONSES, install_error_handlers
 from grpo_service.limits import BodySizeLimit
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
-from grpo_service.rollout import RolloutCoordinator, TraceSink
+from grpo_service.rollout import RolloutCoordinator
 from grpo_service.routes import env, meta, policy, rollout
 from grpo_service.serving.gc_tuning import serving_gc
 from grpo_service.serving.peers import PeerForwarder, PeerRouter
 from grpo_service.snapshots import SnapshotService, load_signing_key
+from grpo_service.tracing.traces import TraceSink
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
 
