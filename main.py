@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = ROOT / "pyproject.toml"
-LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training")
+LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training", "tools")
 
 APP_NAME = "grpo-service"
 VOLUME_NAME = "synth-env-state"

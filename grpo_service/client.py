@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Self, TypeVar
+from collections.abc import Callable
+from typing import Any, Generic, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -212,6 +213,25 @@ def _body(model: type[Q], request: Q | dict[str, Any] | None, fields: dict[str, 
     return request.model_dump(mode="json", exclude_unset=True)
 
 
+class _Post(Generic[Q, M]):
+    """A POST route as a client method: ``client.name(request)`` or ``client.name(**fields)``
+    returns the response model (the async client: an awaitable of it)."""
+
+    def __init__(self, path: str, request: type[Q], response: type[M]) -> None:
+        self.path, self.request, self.response = path, request, response
+
+    def __get__(self, client: _Routes | None, owner: type) -> Callable[..., M]:
+        if client is None:
+            return self  # type: ignore[return-value]
+        route = self
+
+        def send(request: Q | dict[str, Any] | None = None, /, **fields: Any) -> M:
+            return client._post(route.path, route.request, request, fields, route.response)
+
+        send.__doc__ = f"POST {self.path}: a {self.request.__name__} -> a {self.response.__name__}."
+        return send
+
+
 class _Routes:
     """Every route of the service, once. ``_send`` is the sync or async transport."""
 
@@ -233,86 +253,31 @@ class _Routes:
             read_timeout_s = safety.max_time_s + 30.0
         return self._send("POST", path, body, model, read_timeout_s)
 
-    # ---- meta
     def info(self) -> ServiceInfo:
         return self._send("GET", "/info", None, ServiceInfo, None)
 
     def health(self) -> Health:
         return self._send("GET", "/health", None, Health, None)
 
-    # ---- environments
-    def create_env(
-        self, request: EnvCreateRequest | dict | None = None, /, **fields: Any
-    ) -> EnvCreateResponse:
-        return self._post("/env/create", EnvCreateRequest, request, fields, EnvCreateResponse)
+    create_env = _Post("/env/create", EnvCreateRequest, EnvCreateResponse)
+    reset_env = _Post("/env/reset", EnvResetRequest, EnvResetResponse)
+    step_env = _Post("/env/step", EnvStepRequest, EnvStepResponse)
+    snapshot_env = _Post("/env/snapshot", EnvSnapshotRequest, SnapshotResponse)
+    restore_env = _Post("/env/restore", EnvRestoreRequest, EnvRestoreResponse)
+    terminate_env = _Post("/env/terminate", EnvTerminateRequest, TerminateResponse)
 
-    def reset_env(self, request: EnvResetRequest | dict | None = None, /, **fields: Any) -> EnvResetResponse:
-        return self._post("/env/reset", EnvResetRequest, request, fields, EnvResetResponse)
+    create_policy = _Post("/policy/create", PolicyCreateRequest, PolicyCreateResponse)
+    step_policy = _Post("/policy/step", PolicyStepRequest, PolicyStepResponse)
+    snapshot_policy = _Post("/policy/snapshot", PolicySnapshotRequest, SnapshotResponse)
+    restore_policy = _Post("/policy/restore", PolicyRestoreRequest, PolicyRestoreResponse)
+    terminate_policy = _Post("/policy/terminate", PolicyTerminateRequest, TerminateResponse)
 
-    def step_env(self, request: EnvStepRequest | dict | None = None, /, **fields: Any) -> EnvStepResponse:
-        return self._post("/env/step", EnvStepRequest, request, fields, EnvStepResponse)
-
-    def snapshot_env(
-        self, request: EnvSnapshotRequest | dict | None = None, /, **fields: Any
-    ) -> SnapshotResponse:
-        return self._post("/env/snapshot", EnvSnapshotRequest, request, fields, SnapshotResponse)
-
-    def restore_env(
-        self, request: EnvRestoreRequest | dict | None = None, /, **fields: Any
-    ) -> EnvRestoreResponse:
-        return self._post("/env/restore", EnvRestoreRequest, request, fields, EnvRestoreResponse)
-
-    def terminate_env(
-        self, request: EnvTerminateRequest | dict | None = None, /, **fields: Any
-    ) -> TerminateResponse:
-        return self._post("/env/terminate", EnvTerminateRequest, request, fields, TerminateResponse)
-
-    # ---- policies
-    def create_policy(
-        self, request: PolicyCreateRequest | dict | None = None, /, **fields: Any
-    ) -> PolicyCreateResponse:
-        return self._post("/policy/create", PolicyCreateRequest, request, fields, PolicyCreateResponse)
-
-    def step_policy(
-        self, request: PolicyStepRequest | dict | None = None, /, **fields: Any
-    ) -> PolicyStepResponse:
-        return self._post("/policy/step", PolicyStepRequest, request, fields, PolicyStepResponse)
-
-    def snapshot_policy(
-        self, request: PolicySnapshotRequest | dict | None = None, /, **fields: Any
-    ) -> SnapshotResponse:
-        return self._post("/policy/snapshot", PolicySnapshotRequest, request, fields, SnapshotResponse)
-
-    def restore_policy(
-        self, request: PolicyRestoreRequest | dict | None = None, /, **fields: Any
-    ) -> PolicyRestoreResponse:
-        return self._post("/policy/restore", PolicyRestoreRequest, request, fields, PolicyRestoreResponse)
-
-    def terminate_policy(
-        self, request: PolicyTerminateRequest | dict | None = None, /, **fields: Any
-    ) -> TerminateResponse:
-        return self._post("/policy/terminate", PolicyTerminateRequest, request, fields, TerminateResponse)
-
-    # ---- rollouts and runs
-    def rollout(self, request: RolloutRequest | dict | None = None, /, **fields: Any) -> RolloutResponse:
-        return self._post("/rollout", RolloutRequest, request, fields, RolloutResponse)
-
-    def start_rollout(self, request: RolloutRequest | dict | None = None, /, **fields: Any) -> RunStarted:
-        return self._post("/rollout/start", RolloutRequest, request, fields, RunStarted)
-
-    def rollout_group(
-        self, request: RolloutGroupRequest | dict | None = None, /, **fields: Any
-    ) -> RolloutGroupResponse:
-        return self._post("/rollout/group", RolloutGroupRequest, request, fields, RolloutGroupResponse)
-
-    def start_group(self, request: RolloutGroupRequest | dict | None = None, /, **fields: Any) -> RunStarted:
-        return self._post("/rollout/group/start", RolloutGroupRequest, request, fields, RunStarted)
-
-    def branch(self, request: BranchRequest | dict | None = None, /, **fields: Any) -> BranchResponse:
-        return self._post("/branch", BranchRequest, request, fields, BranchResponse)
-
-    def abort(self, request: RunAbortRequest | dict | None = None, /, **fields: Any) -> RunAbortResponse:
-        return self._post("/run/abort", RunAbortRequest, request, fields, RunAbortResponse)
+    rollout = _Post("/rollout", RolloutRequest, RolloutResponse)
+    start_rollout = _Post("/rollout/start", RolloutRequest, RunStarted)
+    rollout_group = _Post("/rollout/group", RolloutGroupRequest, RolloutGroupResponse)
+    start_group = _Post("/rollout/group/start", RolloutGroupRequest, RunStarted)
+    branch = _Post("/branch", BranchRequest, BranchResponse)
+    abort = _Post("/run/abort", RunAbortRequest, RunAbortResponse)
 
     def run_status(self, run_id: str) -> RunStatusResponse:
         return self._send("GET", f"/run/status/{run_id}", None, RunStatusResponse, None)
