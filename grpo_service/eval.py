@@ -169,22 +169,25 @@ def _episode_request(
     }
 
 
-def _result(index: int, seed: int, run_id: str, response: RolloutResponse, wall_s: float) -> EpisodeResult:
-    metrics = response.metrics
+def _result(
+    index: int, seed: int, run_id: str, started: float, outcome: RolloutResponse | ServiceCallError
+) -> EpisodeResult:
+    common: dict[str, Any] = {"index": index, "seed": seed, "run_id": run_id}
+    common["wall_s"] = round(time.monotonic() - started, 3)
+    if isinstance(outcome, ServiceCallError):  # no response: nothing to score
+        return EpisodeResult(**common, returned=False, failure=outcome.cause, error=outcome.detail)
+    metrics = outcome.metrics
     return EpisodeResult(
-        index=index,
-        seed=seed,
-        run_id=run_id,
+        **common,
         returned=True,
-        status=response.status,
-        stop_reason=response.stop_reason,
-        failure=None if response.stop_reason in NORMAL_ENDINGS else str(response.stop_reason),
-        error=response.error,
+        status=outcome.status,
+        stop_reason=outcome.stop_reason,
+        failure=None if outcome.stop_reason in NORMAL_ENDINGS else str(outcome.stop_reason),
+        error=outcome.error,
         turns=metrics.num_decisions,
         steps=metrics.num_steps,
         achievements=list(metrics.achievements),
         total_return=float(sum(metrics.episode_returns)),
-        wall_s=round(wall_s, 3),
     )
 
 
@@ -217,20 +220,14 @@ async def run_eval(
             run_id = f"eval-{tag}-{index:04d}-s{seed}"
             async with gate:
                 started = time.monotonic()
+                outcome: RolloutResponse | ServiceCallError
                 try:
-                    request = _episode_request(config, policy, policy_config, run_id, seed)
-                    response = await client.rollout(request)
-                    result = _result(index, seed, run_id, response, time.monotonic() - started)
-                except ServiceCallError as exc:
-                    result = EpisodeResult(
-                        index=index,
-                        seed=seed,
-                        run_id=run_id,
-                        returned=False,
-                        failure=exc.cause,
-                        error=exc.detail,
-                        wall_s=round(time.monotonic() - started, 3),
+                    outcome = await client.rollout(
+                        _episode_request(config, policy, policy_config, run_id, seed)
                     )
+                except ServiceCallError as exc:
+                    outcome = exc
+                result = _result(index, seed, run_id, started, outcome)
             if on_result is not None:
                 on_result(result)
             return result
