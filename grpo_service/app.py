@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi_offline import FastAPIOffline
 
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
@@ -18,7 +19,7 @@ from grpo_service.auth import document_security
 from grpo_service.config import Settings
 from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
-from grpo_service.errors import ERROR_RESPONSES, install_error_handlers
+from grpo_service.errors import install_error_handlers
 from grpo_service.limits import BodySizeLimit
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
@@ -140,7 +141,8 @@ def create_app(
             if tracer is not None and hasattr(tracer, "close"):
                 await tracer.close()
 
-    app = FastAPI(
+    # /docs and /redoc load Swagger UI and ReDoc from the service itself, not a CDN: they work offline.
+    app = FastAPIOffline(
         title="grpo-service",
         version=__version__,
         description=DESCRIPTION,
@@ -149,8 +151,8 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout):
-        app.include_router(module.router, responses=ERROR_RESPONSES)
+    for module in (meta, env, policy, rollout):  # each route lists the errors it can return
+        app.include_router(module.router)
     document_security(app)
     if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"
         origins = settings.cors_allow_origins

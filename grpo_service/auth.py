@@ -8,7 +8,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 
-from grpo_service.errors import Unauthorized
+from grpo_service.errors import ERROR_MEANINGS, Unauthorized
+from grpo_service.models import ErrorBody
 
 
 def _presented_key(request: Request) -> str | None:
@@ -52,11 +53,18 @@ def document_security(app: FastAPI) -> None:
         schema = build_schema()
         if cached or app.state.settings.environment_api_key is None:
             return schema
-        schema.setdefault("components", {})["securitySchemes"] = SECURITY_SCHEMES
+        components = schema.setdefault("components", {})
+        components["securitySchemes"] = SECURITY_SCHEMES
+        components.setdefault("schemas", {}).setdefault("ErrorBody", ErrorBody.model_json_schema())
+        unauthorized = {
+            "description": ERROR_MEANINGS[401],
+            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}},
+        }
         for path, operations in schema.get("paths", {}).items():
             if path not in OPEN_PATHS:
                 for operation in operations.values():
                     operation["security"] = [{name: []} for name in SECURITY_SCHEMES]
+                    operation.setdefault("responses", {})["401"] = unauthorized
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

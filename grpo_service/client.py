@@ -392,3 +392,23 @@ def build_policy_config(
         if value is not None:
             config[key] = value
     return config
+
+
+# How a returned rollout ended: only these are a completed run. Anything else (a policy error such
+# as ``policy_error:inference_connection_error``, ``time_limit``, ``aborted``, ``error``) is a
+# failure, even though the service answered 200 with the partial trajectory.
+NORMAL_ENDINGS = frozenset({"completed", "episode_done"})
+
+
+def rollout_failure(response: RolloutResponse) -> tuple[str | None, str | None]:
+    """``(cause, detail)`` of a returned rollout that did not complete, ``(None, None)`` if it did.
+
+    The detail is the service's ``error`` or, for a policy error, the failing decision's
+    ``decision_error_detail`` (e.g. "Cannot connect to host 127.0.0.1:9998")."""
+    if response.stop_reason in NORMAL_ENDINGS and response.status == "completed":
+        return None, None
+    detail = response.error
+    for trajectory in reversed(response.trajectories):
+        if not detail and trajectory.steps:
+            detail = trajectory.steps[-1].decision_error_detail
+    return str(response.stop_reason or response.status), detail

@@ -75,11 +75,29 @@ _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [
 ]
 
 
-# Documented on every route, so that clients (and schema checkers) know every error's shape.
-ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": HTTPStatus(status).phrase}
-    for status in (400, 401, 404, 409, 413, 421, 422, 429)
+# What each status means here; a route documents only those it can return (`error_responses`).
+ERROR_MEANINGS: dict[int, str] = {
+    400: "Invalid action, unknown environment or policy plug-in, or a body that is not UTF-8 text",
+    401: "Missing or wrong API key (only when ENVIRONMENT_API_KEY is set)",
+    404: "Unknown id: never issued, terminated, or expired after the idle TTL",
+    409: "The episode is over, or the env/policy/run is in use by a running rollout",
+    413: "Request body larger than MAX_REQUEST_BYTES",
+    421: "The id belongs to another worker or replica of the service",
+    422: "Malformed request, invalid config or snapshot",
+    429: "At capacity: retry after the Retry-After header's seconds",
 }
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses`` for the given error statuses, each with the `ErrorBody` shape.
+
+    401 is not listed here: `auth.document_security` adds it to every operation that requires
+    the key, when a key is configured."""
+    return {s: {"model": ErrorBody, "description": ERROR_MEANINGS[s]} for s in sorted(statuses)}
+
+
+# Every status at once, for a router that has not listed its own yet.
+ERROR_RESPONSES = error_responses(*ERROR_MEANINGS)
 
 
 def error_body(code: str, message: str) -> dict[str, str]:

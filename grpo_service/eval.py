@@ -34,10 +34,9 @@ from grpo_service.client import (
     ServiceCallError,
     build_policy_config,
     policy_uses_inference,
+    rollout_failure,
 )
 from grpo_service.models import RolloutResponse, ServiceInfo
-
-NORMAL_ENDINGS = frozenset({"completed", "episode_done"})
 
 
 def environment_metrics(env_name: str) -> type[Environment]:
@@ -140,6 +139,11 @@ def aggregate(results: list[EpisodeResult], env: type[Environment]) -> dict[str,
         "scored": n,
         "mean_return": (sum(r.total_return for r in scored) / n) if n else 0.0,
         "failures": dict(Counter(r.failure for r in results if r.failure is not None)),
+        # The first episode's words for each cause, e.g. "Cannot connect to host ...".
+        "failure_details": {
+            cause: next(r.error for r in results if r.failure == cause and r.error)
+            for cause in {r.failure for r in results if r.failure is not None and r.error}
+        },
         **env.eval_metrics(outcomes),
     }
 
@@ -164,7 +168,8 @@ def _episode_request(
         "max_turns": config.max_turns,
         "on_done": "terminate",
         "mode": "eval",
-        "record": {"trajectories": False, "observations": False},
+        # Trajectories without observations: small, and the last step names a policy error's cause.
+        "record": {"trajectories": True, "observations": False},
         "safety": {"max_time_s": config.timeout_s},
     }
 
@@ -177,13 +182,14 @@ def _result(
     if isinstance(outcome, ServiceCallError):  # no response: nothing to score
         return EpisodeResult(**common, returned=False, failure=outcome.cause, error=outcome.detail)
     metrics = outcome.metrics
+    failure, detail = rollout_failure(outcome)
     return EpisodeResult(
         **common,
         returned=True,
         status=outcome.status,
         stop_reason=outcome.stop_reason,
-        failure=None if outcome.stop_reason in NORMAL_ENDINGS else str(outcome.stop_reason),
-        error=outcome.error,
+        failure=failure,
+        error=detail,
         turns=metrics.num_decisions,
         steps=metrics.num_steps,
         achievements=list(metrics.achievements),

@@ -44,8 +44,10 @@ class ErrorBody(BaseModel):
     """Every error response: a stable machine-readable ``code`` and a ``detail`` naming the problem
     (for request validation errors, pydantic's list of errors)."""
 
-    code: str
-    detail: str | list[dict[str, Any]]
+    code: str = Field(description="Stable machine-readable code, e.g. `env_not_found`, `invalid_action`.")
+    detail: str | list[dict[str, Any]] = Field(
+        description="The problem in words; for a malformed request, pydantic's list of errors."
+    )
 
 
 MAX_TURNS = 100_000
@@ -79,58 +81,58 @@ def check_ops(ops: list[str] | None, max_turns: int | None, max_ops: int | None)
 
 
 class ServiceEndpoints(BaseModel):
-    base_url: str
-    version: str
-    endpoints: dict[str, str]
+    base_url: str = Field(description="This service's public URL (SERVICE_BASE_URL).")
+    version: str = Field(description="grpo-service's version.")
+    endpoints: dict[str, str] = Field(description="Route families by name, e.g. `rollout: /rollout`.")
 
 
 class InferenceInfo(BaseModel):
-    base_url: str
-    endpoints: dict[str, str]
-    default_model: str | None
+    base_url: str = Field(description="Default OpenAI-compatible server for LLM policies (VLLM_BASE_URL).")
+    endpoints: dict[str, str] = Field(description="The inference routes the policies call.")
+    default_model: str | None = Field(description="DEFAULT_MODEL; null: the server's first listed model.")
 
 
 class PluginInfo(BaseModel):
-    name: str
-    version: str
-    description: str
-    config_schema: dict[str, Any]
-    env_name: str | None = None
-    uses_inference: bool = False
+    name: str = Field(description="The name to pass as `env_name` or `policy_name`.")
+    version: str = Field(description="The plug-in's version.")
+    description: str = Field(description="What it is.")
+    config_schema: dict[str, Any] = Field(description="JSON schema of its `config`.")
+    env_name: str | None = Field(default=None, description="A policy's environment (null: any).")
+    uses_inference: bool = Field(default=False, description="The policy calls an LLM.")
 
 
 class Limits(BaseModel):
-    max_envs: int
-    max_policies: int
-    max_active_runs: int
-    max_group_size: int
-    idle_ttl_s: float
-    max_request_bytes: int
+    max_envs: int = Field(description="Live envs at most (429 beyond).")
+    max_policies: int = Field(description="Live policies at most (429 beyond).")
+    max_active_runs: int = Field(description="Running rollouts at most, group members included.")
+    max_group_size: int = Field(description="Largest `group_size` of /rollout/group.")
+    idle_ttl_s: float = Field(description="Idle envs and policies are terminated after this many seconds.")
+    max_request_bytes: int = Field(description="Larger request bodies get 413.")
 
 
 class ServiceInfo(BaseModel):
-    service: ServiceEndpoints
-    inference: InferenceInfo
-    environments: list[PluginInfo]
-    policies: list[PluginInfo]
-    limits: Limits
-    auth_required: bool
-    snapshot_store: str
-    tracing: str | None
+    service: ServiceEndpoints = Field(description="Where the service is and its routes.")
+    inference: InferenceInfo = Field(description="The default inference server.")
+    environments: list[PluginInfo] = Field(description="Environment plug-ins with their config schemas.")
+    policies: list[PluginInfo] = Field(description="Policy plug-ins with their config schemas.")
+    limits: Limits = Field(description="Capacity and size limits.")
+    auth_required: bool = Field(description="Every route but /health needs X-API-Key.")
+    snapshot_store: str = Field(description="Where snapshots are written.")
+    tracing: str | None = Field(description="The trace DB every rollout is written to (null: off).")
 
 
 class Health(BaseModel):
-    status: Literal["healthy"]
-    version: str
+    status: Literal["healthy"] = Field(description="Always `healthy` when the service answers.")
+    version: str = Field(description="grpo-service's version.")
     instance: str = Field(
         description="This process's tag: the prefix of the env, policy and run ids it issues."
     )
     workers: int = Field(description="Server processes behind this port (`serve --workers`).")
-    uptime_s: float
-    envs: int
-    policies: int
-    runs_active: int
-    capacity: dict[str, int]
+    uptime_s: float = Field(description="Seconds since this process started serving.")
+    envs: int = Field(description="Live envs in this process.")
+    policies: int = Field(description="Live policies in this process.")
+    runs_active: int = Field(description="Running rollouts in this process.")
+    capacity: dict[str, int] = Field(description="`max_envs`, `max_policies`, `max_active_runs`.")
     tracing: dict[str, int] | None = Field(
         default=None,
         description="Trace writer counters (written, dropped, failed, queued) when tracing is on.",
@@ -139,21 +141,40 @@ class Health(BaseModel):
 
 # ------------------------------------------------------------------------------------- env
 
+# What a user pastes in place of these: the id an earlier call returned (tests substitute live ids).
+ENV_ID = "<env_id from /env/create>"
+POLICY_ID = "<policy_id from /policy/create>"
+ENV_SNAPSHOT_ID = "<snapshot_id from /env/snapshot>"
+POLICY_SNAPSHOT_ID = "<snapshot_id from /policy/snapshot>"
+RUN_ID = "<run_id from /rollout/start>"
+
+SYNTH_COMPAT_HELP = "Accepted and ignored, so that Synth's task-app clients (which send it) are not refused."
+RL_RUN_ID_HELP = "Owner of the objects this creates: groups their snapshots on disk and filters listings."
+
+
+def _examples(*examples: dict[str, Any]) -> ConfigDict:
+    """A request model's examples: the first is the body Swagger UI's "Try it out" starts from."""
+    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+
 
 class EnvCreateRequest(Request):
-    env_name: Name = Field(examples=["crafter"])
+    """Create an environment; its first episode starts at once."""
+
+    model_config = _examples({"env_name": "crafter", "config": {}, "seed": 42, "rl_run_id": "test-run-1"})
+
+    env_name: Name = Field(description="An environment plug-in from GET /info, e.g. `crafter`.")
     config: ConfigDict_
     seed: Seed | None = Field(default=None, description="World seed; 0 when omitted.")
     parent_env_id: Id | None = Field(default=None, description="Lineage only: recorded, not copied.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description="Groups snapshots on disk.")
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
 
 
 class EnvState(BaseModel):
-    env_id: str
-    observation: dict[str, Any]
-    info: dict[str, Any] | None = None
-    step_idx: int
-    done: bool = False
+    env_id: str = Field(description="The env's id.")
+    observation: dict[str, Any] = Field(description="What the env shows now (Crafter: `text` and fields).")
+    info: dict[str, Any] | None = Field(default=None, description="Env-specific extra information.")
+    step_idx: int = Field(description="Steps taken in the current episode.")
+    done: bool = Field(default=False, description="The episode has ended.")
 
 
 class EnvCreateResponse(EnvState):
@@ -161,8 +182,12 @@ class EnvCreateResponse(EnvState):
 
 
 class EnvResetRequest(Request):
-    env_id: Id
-    seed: Seed | None = None
+    """Start a new episode."""
+
+    model_config = _examples({"env_id": ENV_ID, "seed": 7})
+
+    env_id: Id = Field(description="The env to reset.")
+    seed: Seed | None = Field(default=None, description="The new episode's world seed (default: the env's).")
 
 
 class EnvResetResponse(EnvState):
@@ -172,10 +197,26 @@ class EnvResetResponse(EnvState):
 class EnvStepRequest(Request):
     """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
 
-    env_id: Id
-    action: Action | None = Field(default=None, examples=["move_left", 5])
-    actions: list[Action] | None = Field(default=None, min_length=1, max_length=64)
-    tool_calls: list[dict[str, Any]] | None = Field(default=None, min_length=1, max_length=16)
+    model_config = _examples(
+        {"env_id": ENV_ID, "actions": ["move_left", "do"]},
+        {"env_id": ENV_ID, "action": "do"},
+        {
+            "env_id": ENV_ID,
+            "tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}],
+        },
+    )
+
+    env_id: Id = Field(description="The env to step.")
+    action: Action | None = Field(default=None, description="One action, by name or index.")
+    actions: list[Action] | None = Field(
+        default=None, min_length=1, max_length=64, description="Actions run in order (stops at episode end)."
+    )
+    tool_calls: list[dict[str, Any]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=16,
+        description="A policy's tool calls, as /policy/step returns.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> EnvStepRequest:
@@ -186,13 +227,13 @@ class EnvStepRequest(Request):
 
 
 class EnvStepResponse(BaseModel):
-    env_id: str
-    observation: dict[str, Any]
-    reward: float
-    done: bool
-    truncated: bool
-    info: dict[str, Any]
-    step_idx: int
+    env_id: str = Field(description="The env that was stepped.")
+    observation: dict[str, Any] = Field(description="What the env shows after the step.")
+    reward: float = Field(description="Reward of this step (all its actions).")
+    done: bool = Field(description="The episode has ended (death, or the step cap).")
+    truncated: bool = Field(description="It ended at the step cap rather than by the game.")
+    info: dict[str, Any] = Field(description="e.g. `achievements_unlocked`, `actions`, `actions_executed`.")
+    step_idx: int = Field(description="Steps taken in the episode.")
 
 
 class SnapshotRequest(Request):
@@ -200,106 +241,147 @@ class SnapshotRequest(Request):
 
 
 class EnvSnapshotRequest(SnapshotRequest):
-    env_id: Id
+    """Save an env's full live state as a signed tarball."""
+
+    model_config = _examples({"env_id": ENV_ID})
+
+    env_id: Id = Field(description="The env to save.")
 
 
 class SnapshotResponse(BaseModel):
-    snapshot_id: str
-    kind: Literal["env", "policy"]
-    path: str
-    rl_run_id: str
-    size: int
-    created_at: float
-    parent_snapshot_id: str | None = None
+    snapshot_id: str = Field(description="Pass it to /env/restore or /policy/restore (or /rollout).")
+    kind: Literal["env", "policy"] = Field(description="What was saved.")
+    path: str = Field(description="Where the tarball is in the snapshot store.")
+    rl_run_id: str = Field(description="The owner it was filed under.")
+    size: int = Field(description="Bytes.")
+    created_at: float = Field(description="Unix time.")
+    parent_snapshot_id: str | None = Field(default=None, description="The snapshot it descends from.")
 
 
 class EnvRestoreRequest(Request):
-    snapshot_id: Id
+    """A new env that continues exactly where the snapshot was taken."""
+
+    model_config = _examples({"snapshot_id": ENV_SNAPSHOT_ID})
+
+    snapshot_id: Id = Field(description="An env snapshot's id.")
     rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
 
 
 class EnvRestoreResponse(EnvState):
-    parent_snapshot_id: str
-    parent_env_id: str | None = None
+    parent_snapshot_id: str = Field(description="The snapshot it was restored from.")
+    parent_env_id: str | None = Field(default=None, description="The env that snapshot was taken of.")
 
 
 class EnvTerminateRequest(Request):
-    env_id: Id
+    """Release an env. Idempotent."""
+
+    model_config = _examples({"env_id": ENV_ID})
+
+    env_id: Id = Field(description="The env to release.")
 
 
 class TerminateResponse(BaseModel):
-    ok: bool = True
-    existed: bool
+    ok: bool = Field(default=True, description="Always true: terminating is idempotent.")
+    existed: bool = Field(description="It was live (false: already gone).")
 
 
 # ---------------------------------------------------------------------------------- policy
 
 
 class PolicyCreateRequest(Request):
-    policy_name: Name = Field(examples=["crafter-react"])
+    """Create a policy: an LLM agent (``crafter-react``) or a scripted one."""
+
+    model_config = _examples(
+        {"policy_name": "crafter-react", "config": {"temperature": 0.7}, "rl_run_id": "test-run-1"},
+        {"policy_name": "crafter-heuristic", "config": {}, "bound_env_id": ENV_ID},
+    )
+
+    policy_name: Name = Field(description="A policy plug-in from GET /info, e.g. `crafter-react`.")
     config: ConfigDict_
-    parent_policy_id: Id | None = None
-    rl_run_id: RunId = DEFAULT_RUN
-    bound_env_id: Id | None = None
+    parent_policy_id: Id | None = Field(default=None, description="Lineage only: recorded, not copied.")
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    bound_env_id: Id | None = Field(
+        default=None, description="An env whose current observation /policy/step reads by default."
+    )
 
 
 class PolicyCreateResponse(BaseModel):
-    policy_id: str
-    policy_name: str
-    bound_env_id: str | None = None
+    policy_id: str = Field(description="The policy's id.")
+    policy_name: str = Field(description="Its plug-in.")
+    bound_env_id: str | None = Field(default=None, description="The env it reads by default.")
 
 
 class PolicyStepRequest(Request):
-    policy_id: Id
+    """Decide on tool calls for an observation."""
+
+    model_config = _examples({"policy_id": POLICY_ID, "dry_run": True})
+
+    policy_id: Id = Field(description="The policy to ask.")
     observation: dict[str, Any] | None = Field(
         default=None, description="Defaults to the bound env's current observation."
     )
     state: dict[str, Any] | None = Field(default=None, description="Accepted for compatibility; unused.")
-    metadata: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = Field(default=None, description="Accepted for compatibility; unused.")
     dry_run: bool = Field(default=False, description="Build the inference request without sending it.")
-    record_logprobs: bool = False
+    record_logprobs: bool = Field(default=False, description="Request and return token ids and logprobs.")
 
 
 class LLMCallRecord(BaseModel):
-    model: str | None = None
-    latency_ms: float
-    attempts: int
-    finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    completion_logprobs: list[float] | None = None
-    error: str | None = None
+    model: str | None = Field(default=None, description="The model that answered.")
+    latency_ms: float = Field(description="Time of the call, retries included.")
+    attempts: int = Field(description="HTTP attempts made (1 + retries).")
+    finish_reason: str | None = Field(default=None, description="As the server returned it.")
+    usage: dict[str, Any] | None = Field(
+        default=None, description="Token counts as the server returned them."
+    )
+    prompt_token_ids: list[int] | None = Field(default=None, description="vLLM's prompt token ids.")
+    completion_token_ids: list[int] | None = Field(default=None, description="vLLM's completion token ids.")
+    completion_logprobs: list[float] | None = Field(
+        default=None, description="One logprob per completion token."
+    )
+    error: str | None = Field(default=None, description="Why the call failed, if it did.")
 
 
 class PolicyStepResponse(BaseModel):
-    tool_calls: list[dict[str, Any]]
-    meta: dict[str, Any]
-    error: str | None = None
-    error_detail: str | None = None
-    llm: LLMCallRecord | None = None
+    tool_calls: list[dict[str, Any]] = Field(description="The decision, to pass to /env/step.")
+    meta: dict[str, Any] = Field(description="Model, turn; on a dry run `inference_request`.")
+    error: str | None = Field(default=None, description="Decision error kind, e.g. `no_tool_call`.")
+    error_detail: str | None = Field(default=None, description="The error in words.")
+    llm: LLMCallRecord | None = Field(default=None, description="The LLM call behind the decision.")
 
 
 class PolicySnapshotRequest(SnapshotRequest):
-    policy_id: Id
+    """Save a policy's state (config, history window, turn index)."""
+
+    model_config = _examples({"policy_id": POLICY_ID})
+
+    policy_id: Id = Field(description="The policy to save.")
 
 
 class PolicyRestoreRequest(Request):
-    snapshot_id: Id
-    rl_run_id: RunId | None = None
-    bound_env_id: Id | None = None
+    """A new policy with the snapshot's state."""
+
+    model_config = _examples({"snapshot_id": POLICY_SNAPSHOT_ID})
+
+    snapshot_id: Id = Field(description="A policy snapshot's id.")
+    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
+    bound_env_id: Id | None = Field(default=None, description="Bind the new policy to this env.")
 
 
 class PolicyRestoreResponse(BaseModel):
-    policy_id: str
-    policy_name: str
-    bound_env_id: str | None = None
-    parent_snapshot_id: str
-    parent_policy_id: str | None = None
+    policy_id: str = Field(description="The new policy's id.")
+    policy_name: str = Field(description="Its plug-in.")
+    bound_env_id: str | None = Field(default=None, description="The env it reads by default.")
+    parent_snapshot_id: str = Field(description="The snapshot it was restored from.")
+    parent_policy_id: str | None = Field(default=None, description="The policy that snapshot was taken of.")
 
 
 class PolicyTerminateRequest(Request):
-    policy_id: Id
+    """Release a policy. Idempotent."""
+
+    model_config = _examples({"policy_id": POLICY_ID})
+
+    policy_id: Id = Field(description="The policy to release.")
 
 
 # --------------------------------------------------------------------------------- rollout
@@ -310,11 +392,13 @@ Op = Literal["agent", "env"]
 class RolloutEnvSpec(Request):
     """An existing ``env_id``, an ``env_name`` (+ ``config``, ``seed``), or a ``snapshot_id``."""
 
-    env_id: Id | None = None
-    env_name: Name | None = None
+    model_config = _examples({"env_name": "crafter", "seed": 42}, {"snapshot_id": ENV_SNAPSHOT_ID})
+
+    env_id: Id | None = Field(default=None, description="Play this live env (not for groups).")
+    env_name: Name | None = Field(default=None, description="Create an env of this plug-in.")
     config: ConfigDict_
-    seed: Seed | None = None
-    snapshot_id: Id | None = None
+    seed: Seed | None = Field(default=None, description="With `env_name`: the world seed.")
+    snapshot_id: Id | None = Field(default=None, description="Start from this env snapshot (mid-episode).")
 
     @model_validator(mode="after")
     def _one_source(self) -> RolloutEnvSpec:
@@ -327,8 +411,10 @@ class RolloutEnvSpec(Request):
 class RolloutPolicySpec(Request):
     """An existing ``policy_id``, or a ``policy_name`` (+ ``config``)."""
 
-    policy_id: Id | None = None
-    policy_name: Name | None = None
+    model_config = _examples({"policy_name": "crafter-react", "config": {"temperature": 1.0}})
+
+    policy_id: Id | None = Field(default=None, description="Use this live policy (not for groups).")
+    policy_name: Name | None = Field(default=None, description="Create a policy of this plug-in.")
     config: ConfigDict_
 
     @model_validator(mode="after")
@@ -339,7 +425,11 @@ class RolloutPolicySpec(Request):
 
 
 class RolloutRecordConfig(Request):
-    trajectories: bool = True
+    """What the response (and the trace) keeps of each step."""
+
+    model_config = _examples({"logprobs": True})
+
+    trajectories: bool = Field(default=True, description="Return the per-step trajectories.")
     logprobs: bool | None = Field(
         default=None,
         description=(
@@ -355,6 +445,10 @@ class RolloutRecordConfig(Request):
 
 
 class RolloutSafetyConfig(Request):
+    """Bounds on a rollout: it stops (keeping what it played) when one is reached."""
+
+    model_config = _examples({"max_time_s": 600})
+
     max_ops: int | None = Field(
         default=None,
         ge=1,
@@ -362,26 +456,57 @@ class RolloutSafetyConfig(Request):
         description="Stop after this many ops (agent and env each count one). Default: no cap "
         "beyond the request's own ops (max_turns × 2, or the length of 'ops').",
     )
-    max_time_s: float = Field(default=3_600.0, gt=0, le=86_400)
+    max_time_s: float = Field(default=3_600.0, gt=0, le=86_400, description="Wall-clock seconds at most.")
     llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
 
 
 class RolloutRequest(Request):
+    """Play a policy in an environment: ``ops`` of ``agent`` (decide) and ``env`` (execute), or
+    ``max_turns`` decisions."""
+
+    model_config = _examples(
+        {
+            "env": {"env_name": "crafter", "seed": 42},
+            "policy": {"policy_name": "crafter-heuristic"},
+            "max_turns": 20,
+            "rl_run_id": "test-run-1",
+        },
+        {
+            "env": {"env_name": "crafter", "seed": 42},
+            "policy": {"policy_name": "crafter-react", "config": {"temperature": 0.7}},
+            "max_turns": 10,
+            "on_done": "terminate",
+            "record": {"logprobs": True},
+            "safety": {"max_time_s": 600},
+        },
+    )
+
     run_id: RunId | None = Field(default=None, description="Generated when omitted; must be unique.")
-    env: RolloutEnvSpec
-    policy: RolloutPolicySpec
+    env: RolloutEnvSpec = Field(description="Where to play.")
+    policy: RolloutPolicySpec = Field(description="Who plays.")
     ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
     max_turns: int | None = Field(
         default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N."
     )
-    on_done: Literal["reset", "terminate"] = "reset"
-    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig)
-    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig)
-    rl_run_id: RunId = DEFAULT_RUN
-    mode: Literal["rl", "eval"] = "rl"
-    # Accepted for compatibility with the reference's clients; unused.
-    training_session_id: str | None = Field(default=None, max_length=256)
-    synth_base_url: str | None = Field(default=None, max_length=2048)
+    on_done: Literal["reset", "terminate"] = Field(
+        default="reset", description="At the end of an episode: start the next one, or stop."
+    )
+    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
+    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig, description="Bounds.")
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    mode: Literal["rl", "eval"] = Field(
+        default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
+    )
+    training_session_id: str | None = Field(
+        default=None,
+        max_length=256,
+        description=SYNTH_COMPAT_HELP,
+    )
+    synth_base_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        description=SYNTH_COMPAT_HELP,
+    )
 
     @model_validator(mode="after")
     def _ops(self) -> RolloutRequest:
@@ -393,60 +518,64 @@ class RolloutRequest(Request):
 
 
 class LLMTokens(BaseModel):
-    prompt_token_ids: list[int] | None = None
-    completion_token_ids: list[int] | None = None
-    completion_logprobs: list[float] | None = None
+    prompt_token_ids: list[int] | None = Field(default=None, description="vLLM's prompt token ids.")
+    completion_token_ids: list[int] | None = Field(default=None, description="vLLM's completion token ids.")
+    completion_logprobs: list[float] | None = Field(
+        default=None, description="One logprob per completion token."
+    )
 
 
 class RolloutStep(BaseModel):
     """One decision and its execution. ``observation`` is what the policy saw."""
 
-    turn: int
-    observation: dict[str, Any] | None = None
-    tool_calls: list[dict[str, Any]]
-    actions: list[str] = Field(default_factory=list)
-    reward: float = 0.0
-    done: bool = False
-    truncated: bool = False
-    info: dict[str, Any] = Field(default_factory=dict)
-    step_idx: int = 0
-    decision_error: str | None = None
-    decision_error_detail: str | None = None
-    llm: LLMCallRecord | None = None
-    timing: dict[str, float] = Field(default_factory=dict)
+    turn: int = Field(description="Decision index in the rollout.")
+    observation: dict[str, Any] | None = Field(default=None, description="What the policy saw.")
+    tool_calls: list[dict[str, Any]] = Field(description="The policy's decision.")
+    actions: list[str] = Field(default_factory=list, description="The actions the env executed.")
+    reward: float = Field(default=0.0, description="Reward of this step.")
+    done: bool = Field(default=False, description="The episode ended here.")
+    truncated: bool = Field(default=False, description="It ended at the step cap.")
+    info: dict[str, Any] = Field(default_factory=dict, description="The env's info of this step.")
+    step_idx: int = Field(default=0, description="Steps taken in the episode after this one.")
+    decision_error: str | None = Field(
+        default=None, description="Why the decision failed, e.g. `no_tool_call`."
+    )
+    decision_error_detail: str | None = Field(default=None, description="The failure in words.")
+    llm: LLMCallRecord | None = Field(default=None, description="The LLM call behind the decision.")
+    timing: dict[str, float] = Field(default_factory=dict, description="`llm_ms`, `env_ms`.")
 
 
 class Trajectory(BaseModel):
     """One episode (or the part of it this rollout played)."""
 
-    env_id: str
-    policy_id: str
-    episode: int
-    seed: int | None = None
-    steps: list[RolloutStep]
-    final: dict[str, Any] | None = None
-    length: int
-    total_reward: float
-    achievements: list[str] = Field(default_factory=list)
-    done: bool
-    truncated: bool
-    stop_reason: str
+    env_id: str = Field(description="The env played.")
+    policy_id: str = Field(description="The policy that played.")
+    episode: int = Field(description="Episode index within the rollout.")
+    seed: int | None = Field(default=None, description="The episode's world seed.")
+    steps: list[RolloutStep] = Field(description="Every decision, in order.")
+    final: dict[str, Any] | None = Field(default=None, description="The last observation and step index.")
+    length: int = Field(description="Decisions in this episode.")
+    total_reward: float = Field(description="Sum of the step rewards.")
+    achievements: list[str] = Field(default_factory=list, description="Unlocked in this episode.")
+    done: bool = Field(description="The episode ended.")
+    truncated: bool = Field(description="It ended at the step cap.")
+    stop_reason: str = Field(description="Why this episode's play stopped.")
 
 
 class RolloutMetrics(BaseModel):
-    episode_returns: list[float]
-    mean_return: float
+    episode_returns: list[float] = Field(description="Total reward of each episode.")
+    mean_return: float = Field(description="Mean of `episode_returns`.")
     num_steps: int = Field(description="Env ticks executed.")
-    num_decisions: int
-    num_episodes: int
+    num_decisions: int = Field(description="Policy decisions (LLM calls for an LLM policy).")
+    num_episodes: int = Field(description="Episodes played (in part or whole).")
     achievements: list[str] = Field(description="Union over episodes.")
-    achievements_count: int
-    llm_calls: int
-    llm_time_s: float
-    env_time_s: float
-    wall_time_s: float
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    achievements_count: int = Field(description="Distinct achievements.")
+    llm_calls: int = Field(description="LLM calls made.")
+    llm_time_s: float = Field(description="Seconds spent waiting on the LLM.")
+    env_time_s: float = Field(description="Seconds spent stepping the env.")
+    wall_time_s: float = Field(description="Seconds from start to end.")
+    prompt_tokens: int = Field(default=0, description="Prompt tokens over all calls.")
+    completion_tokens: int = Field(default=0, description="Completion tokens over all calls.")
     llm_calls_without_tokens: int = Field(
         default=0,
         description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
@@ -454,23 +583,27 @@ class RolloutMetrics(BaseModel):
 
 
 class RolloutResponse(BaseModel):
-    run_id: str
-    status: Literal["completed", "failed", "aborted"]
-    trajectories: list[Trajectory]
-    branches: dict[str, list[str]] = Field(default_factory=dict)
-    metrics: RolloutMetrics
-    aborted: bool
-    ops_executed: int
+    run_id: str = Field(description="The rollout's id.")
+    status: Literal["completed", "failed", "aborted"] = Field(
+        description="`completed` when it ran to a stop (see `stop_reason`: a policy error stops it too)."
+    )
+    trajectories: list[Trajectory] = Field(description="One per episode (empty if not recorded).")
+    branches: dict[str, list[str]] = Field(default_factory=dict, description="Unused; always empty.")
+    metrics: RolloutMetrics = Field(description="Totals.")
+    aborted: bool = Field(description="Stopped by /run/abort or the time limit.")
+    ops_executed: int = Field(description="Ops done.")
     stop_reason: str = Field(
         description="completed | episode_done | aborted | time_limit | max_ops | policy_error:* | "
         "env_terminated | policy_terminated (terminated by a caller mid-rollout) | error"
     )
-    error: str | None = None
-    env_id: str | None = None
-    policy_id: str | None = None
-    group_id: str | None = None
-    group_index: int | None = None
-    trace: dict[str, Any] | None = None
+    error: str | None = Field(
+        default=None, description="An unexpected fault's message (stop_reason `error`)."
+    )
+    env_id: str | None = Field(default=None, description="The caller's env (null when the rollout made one).")
+    policy_id: str | None = Field(default=None, description="The caller's policy (null when made here).")
+    group_id: str | None = Field(default=None, description="The group it belongs to.")
+    group_index: int | None = Field(default=None, description="Its index in the group.")
+    trace: dict[str, Any] | None = Field(default=None, description="With `record.return_trace`: the trace.")
     warnings: list[str] = Field(
         default_factory=list,
         description="Problems that leave the result usable but not as asked (e.g. no token ids).",
@@ -480,17 +613,38 @@ class RolloutResponse(BaseModel):
 class RolloutGroupRequest(Request):
     """G rollouts from the same start, each with its own policy instance and sampling."""
 
-    group_id: RunId | None = None
+    model_config = _examples(
+        {
+            "group_size": 4,
+            "env": {"env_name": "crafter", "seed": 123},
+            "policy": {"policy_name": "crafter-random", "config": {"seed": 0}},
+            "max_turns": 20,
+        },
+        {
+            "group_size": 8,
+            "env": {"env_name": "crafter", "seed": 123},
+            "policy": {"policy_name": "crafter-react", "config": {"temperature": 1.0}},
+            "max_turns": 20,
+            "record": {"logprobs": True},
+            "safety": {"max_time_s": 600},
+        },
+    )
+
+    group_id: RunId | None = Field(
+        default=None, description="Generated when omitted; members are `{id}.{i}`."
+    )
     group_size: int = Field(ge=1, le=1024, description="G: rollouts in the group.")
-    env: RolloutEnvSpec
-    policy: RolloutPolicySpec
-    ops: list[Op] | None = None
-    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS)
-    on_done: Literal["reset", "terminate"] = "terminate"
-    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig)
-    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig)
-    rl_run_id: RunId = DEFAULT_RUN
-    mode: Literal["rl", "eval"] = "rl"
+    env: RolloutEnvSpec = Field(description="The common start: `env_name` + `seed`, or `snapshot_id`.")
+    policy: RolloutPolicySpec = Field(description="`policy_name` + `config`: each member gets its own.")
+    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
+    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS, description="Decisions per member.")
+    on_done: Literal["reset", "terminate"] = Field(
+        default="terminate", description="At the end of an episode: start the next one, or stop."
+    )
+    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
+    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig, description="Bounds per member.")
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    mode: Literal["rl", "eval"] = Field(default="rl", description="Recorded in the trace.")
     vary_policy_seed: bool = Field(
         default=True, description="Give member i the policy config seed + i (when the policy has a seed)."
     )
@@ -509,47 +663,55 @@ class RolloutGroupRequest(Request):
 
 
 class GroupMember(BaseModel):
-    group_index: int
-    run_id: str
-    status: Literal["completed", "failed", "aborted"]
-    result: RolloutResponse | None = None
-    error: str | None = None
+    group_index: int = Field(description="Index in the group.")
+    run_id: str = Field(description="The member's run id (`{group_id}.{index}`).")
+    status: Literal["completed", "failed", "aborted"] = Field(description="How the member ended.")
+    result: RolloutResponse | None = Field(
+        default=None, description="Its rollout (null if it failed outright)."
+    )
+    error: str | None = Field(default=None, description="Why it failed outright.")
 
 
 class GroupMetrics(BaseModel):
-    returns: list[float | None]
-    mean_return: float | None
-    std_return: float | None
-    completed: int
-    failed: int
-    wall_time_s: float
+    returns: list[float | None] = Field(description="Each member's mean return, in index order.")
+    mean_return: float | None = Field(description="Mean over members.")
+    std_return: float | None = Field(description="Population standard deviation over members.")
+    completed: int = Field(description="Members with status `completed`.")
+    failed: int = Field(description="Members with status `failed`.")
+    wall_time_s: float = Field(description="Seconds for the whole group.")
     llm_calls_without_tokens: int = Field(
         default=0, description="Summed over members: LLM calls recorded without token ids or logprobs."
     )
 
 
 class RolloutGroupResponse(BaseModel):
-    group_id: str
-    members: list[GroupMember]
-    metrics: GroupMetrics
+    group_id: str = Field(description="The group's id.")
+    members: list[GroupMember] = Field(description="Always G members, in index order.")
+    metrics: GroupMetrics = Field(description="Returns across the group.")
     warnings: list[str] = Field(default_factory=list, description="The members' warnings, each once.")
 
 
 class RunStarted(BaseModel):
-    run_id: str
-    status: Literal["running"]
-    status_url: str
+    run_id: str = Field(description="The run's (or group's) id.")
+    status: Literal["running"] = Field(description="Always `running`.")
+    status_url: str = Field(description="Poll it for progress and, once finished, the result.")
 
 
 # ---------------------------------------------------------------------------------- branch
 
 
 class BranchRequest(Request):
-    env_ids: list[Id] = Field(default_factory=list, max_length=64)
-    policy_ids: list[Id] = Field(default_factory=list, max_length=64)
-    num_children: int = Field(default=1, ge=1, le=256)
+    """Fork live envs and policies into exact copies."""
+
+    model_config = _examples({"env_ids": [ENV_ID], "num_children": 2})
+
+    env_ids: list[Id] = Field(default_factory=list, max_length=64, description="Envs to fork.")
+    policy_ids: list[Id] = Field(default_factory=list, max_length=64, description="Policies to fork.")
+    num_children: int = Field(default=1, ge=1, le=256, description="Copies of each.")
     max_branches: int = Field(default=256, ge=1, le=4096, description="Cap on children in total.")
-    rl_run_id: RunId | None = None
+    rl_run_id: RunId | None = Field(
+        default=None, description="Owner of the children (default: the parent's)."
+    )
 
     @model_validator(mode="after")
     def _bounds(self) -> BranchRequest:
@@ -562,42 +724,115 @@ class BranchRequest(Request):
 
 
 class BranchChild(BaseModel):
-    id: str
-    parent_id: str
-    parent_snapshot_id: str
-    child_index: int
-    bound_env_id: str | None = None
+    id: str = Field(description="The child's env or policy id.")
+    parent_id: str = Field(description="The env or policy it copies.")
+    parent_snapshot_id: str = Field(description="The snapshot it was made from.")
+    child_index: int = Field(description="Index among the parent's children.")
+    bound_env_id: str | None = Field(default=None, description="A policy child's env.")
 
 
 class BranchResponse(BaseModel):
-    env_branches: dict[str, list[str]]
-    policy_branches: dict[str, list[str]]
-    children: list[BranchChild]
+    env_branches: dict[str, list[str]] = Field(description="Parent env id → child env ids.")
+    policy_branches: dict[str, list[str]] = Field(description="Parent policy id → child policy ids.")
+    children: list[BranchChild] = Field(description="Every child with its lineage.")
 
 
 # ------------------------------------------------------------------------------------ runs
 
 
 class RunAbortRequest(Request):
-    run_id: Id
+    """Stop a running rollout or group now; partial trajectories are kept."""
+
+    model_config = _examples({"run_id": RUN_ID})
+
+    run_id: Id = Field(description="A rollout's or a group's id.")
 
 
 class RunAbortResponse(BaseModel):
-    ok: bool
-    run_id: str
-    status: str
+    ok: bool = Field(description="The abort was signalled.")
+    run_id: str = Field(description="The run.")
+    status: str = Field(description="Its status at the time (it stops promptly after).")
+
+
+class RunMemberStatus(BaseModel):
+    group_index: int = Field(description="The member's index in the group.")
+    run_id: str = Field(description="The member's own run id (`{group_id}.{index}`).")
+    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+    ops_executed: int = Field(description="Ops the member has done.")
+    ops_total: int = Field(description="Ops the member was asked for.")
 
 
 class RunStatusResponse(BaseModel):
-    run_id: str
-    kind: Literal["rollout", "group"]
-    status: Literal["running", "completed", "failed", "aborted"]
-    started_at: float
-    finished_at: float | None
-    ops_executed: int
-    ops_total: int
-    timings: dict[str, float]
-    error: str | None = None
+    run_id: str = Field(description="The run.")
+    kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
+    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+    started_at: float = Field(description="Unix time it started.")
+    finished_at: float | None = Field(description="Unix time it finished; null while running.")
+    ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
+    ops_total: int = Field(description="Ops requested (a group: summed over its members).")
+    timings: dict[str, float] = Field(description="`llm_s`, `env_s` so far (a group: summed).")
+    error: str | None = Field(default=None, description="Why it failed, if it did.")
+    members: list[RunMemberStatus] | None = Field(
+        default=None, description="A group's members and their progress (null for a single rollout)."
+    )
     result: RolloutResponse | RolloutGroupResponse | None = Field(
         default=None, description="The full result once finished (start-then-poll)."
     )
+
+
+# --------------------------------------------------------------------------------- listing
+
+
+class PageInfo(BaseModel):
+    total: int = Field(description="Entries matching the filter in this process.")
+    offset: int = Field(description="Index of the first entry of this page.")
+    limit: int = Field(description="Largest page size asked for.")
+    next_offset: int | None = Field(description="`offset` of the next page; null on the last page.")
+
+
+class LiveObjectSummary(BaseModel):
+    """What every listed env and policy shows: its owner, age and use."""
+
+    rl_run_id: str = Field(description="The owner: the `rl_run_id` given at creation.")
+    created_at: float = Field(description="Unix time of creation.")
+    age_s: float = Field(description="Seconds since creation.")
+    idle_s: float = Field(description="Seconds since last use; idle objects are reaped after IDLE_TTL_S.")
+    in_use: bool = Field(description="A running rollout or request is using it.")
+
+
+class EnvSummary(LiveObjectSummary):
+    env_id: str = Field(description="The id to pass to /env/step, /env/snapshot, ...")
+    env_name: str = Field(description="The environment plug-in, e.g. `crafter`.")
+    step_idx: int | None = Field(description="Steps taken in the current episode.")
+    done: bool = Field(description="The current episode has ended (reset it to play on).")
+    parent_env_id: str | None = Field(default=None, description="The env it was branched from.")
+
+
+class EnvList(PageInfo):
+    envs: list[EnvSummary] = Field(description="Oldest first.")
+
+
+class PolicySummary(LiveObjectSummary):
+    policy_id: str = Field(description="The id to pass to /policy/step, /rollout, ...")
+    policy_name: str = Field(description="The policy plug-in, e.g. `crafter-react`.")
+    bound_env_id: str | None = Field(description="The env whose observations it reads by default.")
+
+
+class PolicyList(PageInfo):
+    policies: list[PolicySummary] = Field(description="Oldest first.")
+
+
+class RunSummary(BaseModel):
+    run_id: str = Field(description="The id for /run/status/{run_id} and /run/abort.")
+    kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
+    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+    rl_run_id: str = Field(description="The owner: the request's `rl_run_id`.")
+    started_at: float = Field(description="Unix time it started.")
+    age_s: float = Field(description="Seconds since it started.")
+    finished_at: float | None = Field(description="Unix time it finished; null while running.")
+    ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
+    ops_total: int = Field(description="Ops requested (a group: summed over its members).")
+
+
+class RunList(PageInfo):
+    runs: list[RunSummary] = Field(description="Oldest first; finished runs are kept for a while.")

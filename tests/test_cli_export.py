@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -40,10 +41,11 @@ def collected(
     return db
 
 
-def export(*args: str) -> tuple[str, list[dict]]:
+def export(*args: str, exit_code: int = 0) -> tuple[str, list[dict]]:
+    """Export the fixture's eval episodes (``--mode eval``: eval sessions are left out by default)."""
     out = Path("sft.jsonl")
-    result = runner.invoke(app, ["export-sft", "--out", str(out), *args])
-    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, ["export-sft", "--out", str(out), "--mode", "eval", *args])
+    assert result.exit_code == exit_code, result.output
     return result.output, [json.loads(line) for line in out.read_text().splitlines()]
 
 
@@ -76,8 +78,8 @@ def test_export_real_rollouts_with_filters_that_select(collected: Path) -> None:
     assert {e["metadata"]["session_id"] for e in kept} == {
         s["session_id"] for s in sessions if s["total_reward"] >= best
     }
-    output, kept = export("--in", str(collected), "--model", "someone-else")
-    assert kept == [] and "session skipped: model" in output
+    output, kept = export("--in", str(collected), "--model", "someone-else", exit_code=1)
+    assert kept == [] and "session skipped: model" in output and "no examples" in output
     _, kept = export("--in", str(collected), "--limit", "2")
     assert {e["metadata"]["session_id"] for e in kept} == {s["session_id"] for s in sessions[:2]}
 
@@ -90,18 +92,20 @@ async def test_export_finds_trace_dbs_and_asks_which(
     await writer.start()
     writer.submit(synthetic_trace("from-the-old-db", turns=2))
     await writer.close()
-    os.utime(older, (time.time() - 3600, time.time() - 3600))
+    for path in (older, older.with_name(older.name + "-wal")):  # a WAL left behind counts as a write
+        if path.exists():
+            os.utime(path, (time.time() - 3600, time.time() - 3600))
 
-    result = runner.invoke(app, ["export-sft"])  # stdin is not a terminal: the newest is taken
+    result = runner.invoke(app, ["export-sft", "--mode", "all"])  # not a terminal: the newest is taken
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
     first = next(i for i, line in enumerate(lines) if "task_app_traces_2025" in line)
-    assert "← most recent" in lines[first] and "task_app_traces_2024" in lines[first + 1]
+    assert "← most recent" in lines[first] and "task_app_traces_2024" in lines[first + 1], result.output
     assert "not a terminal" in result.output
     assert Path("ft_data/crafter_sft.jsonl").exists()  # the default --out
 
     monkeypatch.setattr("grpo_service.cli.export._interactive", lambda: True)
-    result = runner.invoke(app, ["export-sft", "--out", "old.jsonl"], input="2\n")
+    result = runner.invoke(app, ["export-sft", "--mode", "all", "--out", "old.jsonl"], input="2\n")
     assert result.exit_code == 0, result.output
     (example, _) = [json.loads(line) for line in Path("old.jsonl").read_text().splitlines()]
     assert example["metadata"]["run_id"] == "from-the-old-db"
@@ -113,3 +117,23 @@ def test_traces_summary_and_a_missing_db(collected: Path) -> None:
     assert "sessions" in result.output and "dropped" in result.output
     result = runner.invoke(app, ["export-sft", "--in", "nope.db"])
     assert result.exit_code == 2 and "no trace DB" in result.output
+
+
+async def test_a_db_named_with_trace_db_is_found_and_other_sqlite_files_are_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("TRACE_DB", raising=False)
+    writer = TraceWriter(tmp_path / "runs" / "my-experiment.db")  # serve --trace-db runs/my-experiment.db
+    await writer.start()
+    writer.submit(synthetic_trace("named-db", turns=2))
+    await writer.close()
+    other = sqlite3.connect(tmp_path / "runs" / "unrelated.db")
+    other.execute("CREATE TABLE t (x)")
+    other.close()
+
+    result = runner.invoke(app, ["traces"])
+    assert result.exit_code == 0 and "my-experiment.db" in result.output, result.output
+    assert "unrelated.db" not in result.output
+    shown = runner.invoke(app, ["traces", "show", "named-db"])
+    assert shown.exit_code == 0 and "turn 1 (episode 0)" in shown.output, shown.output

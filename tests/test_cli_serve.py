@@ -147,3 +147,17 @@ def test_trace_paths_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         monkeypatch.setenv(key, value)
     rebuilt = Settings(_env_file=None)  # type: ignore[call-arg]
     assert rebuilt.model_dump() == settings.model_dump()
+
+
+def test_an_unsafe_bind_is_refused_before_anything_is_announced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from grpo_service.cli import app
+
+    monkeypatch.chdir(tmp_path)  # no ./.env
+    monkeypatch.delenv("ENVIRONMENT_API_KEY", raising=False)
+    refused = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", "1"])
+    assert refused.exit_code != 0 and "refusing to serve on 0.0.0.0" in str(refused.exception)
+    assert "Serving" not in refused.output

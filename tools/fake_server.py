@@ -7,6 +7,9 @@ errors, timeouts, malformed bodies, cut connections, bad tool calls, token ids t
 match the logprobs) by probability or by a deterministic script.
 
     python -m tools.fake_server --port 8001 --latency 0.2
+
+From the command line, unseeded requests at temperature > 0 get a different answer each time
+(``--deterministic`` turns that off), so a GRPO group's members play different trajectories.
 """
 
 from __future__ import annotations
@@ -493,6 +496,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="fake-model")
     parser.add_argument("--actions", type=int, nargs=2, default=(1, 4), metavar=("MIN", "MAX"))
     parser.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="answer the same prompt the same way even when unseeded at temperature > 0 (by default "
+        "such requests vary, as a real LLM's samples do, so the members of a GRPO group differ)",
+    )
+    parser.add_argument(
         "--fault",
         type=_parse_fault_prob,
         action="append",
@@ -508,6 +517,7 @@ def main(argv: list[str] | None = None) -> None:
         latency_jitter_s=args.jitter,
         actions_per_call=tuple(args.actions),
         fault_probs=dict(args.fault),
+        vary_unseeded=not args.deterministic,
     )
     with contextlib.suppress(KeyboardInterrupt):
         uvicorn.run(create_fake_app(config), host=args.host, port=args.port, log_level="info")

@@ -12,11 +12,13 @@ import importlib.util
 
 import typer
 
+# Each command module imports only typer at the top (the rest inside the command), so that
+# `grpo-service --help` starts in a fraction of a second (tests/test_cli_startup.py).
 from grpo_service.cli.eval import eval_command
 from grpo_service.cli.export import export_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
-from grpo_service.cli.traces import traces_command
+from grpo_service.cli.traces import traces_app
 
 app = typer.Typer(
     name="grpo-service",
@@ -24,13 +26,14 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,
 )
 
 app.command("serve")(serve_command)
 app.command("rollout")(rollout_command)
 app.command("eval")(eval_command)
 app.command("export-sft")(export_command)
-app.command("traces")(traces_command)
+app.add_typer(traces_app, name="traces")
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:

@@ -2,39 +2,30 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from pydantic import ValidationError
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from grpo_service.client import ServiceCallError
-from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, environment_metrics, run_eval
-from grpo_service.tracing.codec import redact
+if TYPE_CHECKING:
+    from rich.table import Table
 
-console = Console()
+    from grpo_service.eval import EvalConfig
+
+
 COMMON_KEYS = frozenset(
-    {
-        "completed",
-        "total",
-        "scored",
-        "avg_turns",
-        "avg_achievements",
-        "achievements_freq",
-        "mean_return",
-        "failures",
-    }
+    {"completed", "total", "scored", "avg_turns", "avg_achievements", "achievements_freq", "mean_return"}
+    | {"failures", "failure_details"}
 )
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
     """TOML keys (top level, or an ``[eval]`` table) overridden by the flags that were given."""
+    import tomllib
+
+    from grpo_service.eval import EvalConfig
+
     values: dict[str, Any] = {}
     if path is not None:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -44,19 +35,27 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
-    """The common keys, then the environment's own metrics (numbers; per-achievement rates omitted)."""
+    """The common keys, the environment's own numbers, then failures by cause."""
+    from rich.table import Table
+
     table = Table(title="evaluation", show_header=False)
     table.add_row("completed / total", f"{summary['completed']} / {summary['total']}")
-    for key in summary.keys() - COMMON_KEYS:
+    for key in summary.keys() - COMMON_KEYS:  # the environment's metrics (crafter score, success rate)
         if isinstance(summary[key], int | float):
             table.add_row(key.replace("_", " "), f"{summary[key]:.3g}")
     table.add_row("avg achievements", f"{summary['avg_achievements']:.2f}")
     table.add_row("avg turns", f"{summary['avg_turns']:.2f}")
     table.add_row("mean return", f"{summary['mean_return']:.3f}")
-    freq = summary["achievements_freq"]
-    table.add_row("achievements", ", ".join(f"{a} {n}" for a, n in freq.items()) or "none")
-    failures = summary["failures"]
-    table.add_row("failures", ", ".join(f"{k} {v}" for k, v in failures.items()) or "none")
+    if "success_rates" in summary:
+        rates = [(a, r) for a, r in summary["success_rates"].items() if r > 0]
+        ranked = sorted(rates, key=lambda x: -x[1])
+        table.add_row("success rates", ", ".join(f"{a} {r:.0f}%" for a, r in ranked) or "none")
+    else:
+        freq = summary["achievements_freq"]
+        table.add_row("achievements", ", ".join(f"{a} {n}" for a, n in freq.items()) or "none")
+    details = summary.get("failure_details") or {}
+    for cause, n in summary["failures"].items():
+        table.add_row(f"failed: {cause}", f"{n}" + (f" ({details[cause]})" if cause in details else ""))
     return table
 
 
@@ -90,7 +89,22 @@ def eval_command(
         Path | None, typer.Option("--json", help="Write the aggregate + episodes here.")
     ] = None,
 ) -> None:
-    """Evaluate a model/policy over N episodes of an environment through /rollout."""
+    """Evaluate a model/policy over N episodes of an environment through /rollout.
+
+    Exits 0 when at least one episode completed, 1 when none did (the causes are printed), 2 when
+    the config is invalid or the task app cannot be used."""
+    import asyncio
+    import tomllib
+
+    from pydantic import ValidationError
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from grpo_service.client import ServiceCallError
+    from grpo_service.eval import EpisodeResult, aggregate, environment_metrics, run_eval
+    from grpo_service.tracing.codec import redact
+
+    console = Console()
     try:
         config = load_config(
             config_file,
@@ -150,5 +164,6 @@ def eval_command(
         }
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
-    if summary["total"] and not summary["scored"]:
+    if summary["total"] and not summary["completed"]:
+        console.print("[red]no episode completed[/]: see the failures above")
         raise typer.Exit(1)

@@ -1,20 +1,28 @@
-"""``grpo-service rollout``: one traced rollout through the service, saved as ``<run_id>_trace.json``."""
+"""``grpo-service rollout``: one traced rollout through the service, saved as ``<run_id>_trace.json``.
+
+The rollout is started in the background (``POST /rollout/start``) and polled
+(``GET /run/status/{run_id}``), so the command shows turn k/N while it plays and a Ctrl-C
+aborts it on the server. Imports beyond typer happen inside the command: ``--help`` stays fast.
+"""
 
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from grpo_service.client import ServiceCallError, TaskAppClient, build_policy_config, policy_uses_inference
-from grpo_service.tracing.codec import redact
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.table import Table
 
-console = Console()
+    from grpo_service.client import TaskAppClient
+    from grpo_service.models import RolloutResponse, RunStatusResponse
+
+POLL_INTERVAL_S = 0.2
 
 
 def rollout_request(
@@ -42,24 +50,34 @@ def rollout_request(
     }
 
 
-def summary_table(response: dict[str, Any], path: Path) -> Table:
-    m = response.get("metrics") or {}
-    table = Table(title=f"rollout {response.get('run_id')}", show_header=False)
+def outcome_text(response: RolloutResponse) -> str:
+    """``completed (episode_done)``, or ``failed: <cause>: <detail>``."""
+    from grpo_service.client import rollout_failure
+
+    cause, detail = rollout_failure(response)
+    if cause is None:
+        return f"completed ({response.stop_reason})"
+    return f"failed: {cause}" + (f": {detail}" if detail else "")
+
+
+def summary_table(response: RolloutResponse, path: Path) -> Table:
+    from rich.table import Table
+
+    m = response.metrics
+    table = Table(title=f"rollout {response.run_id}", show_header=False)
     rows = [
-        ("status", f"{response.get('status')} ({response.get('stop_reason')})"),
-        ("decisions / env steps", f"{m.get('num_decisions')} / {m.get('num_steps')}"),
-        ("return", f"{m.get('mean_return')}"),
-        ("achievements", ", ".join(m.get("achievements") or []) or "none"),
+        ("status", outcome_text(response)),
+        ("decisions / env steps", f"{m.num_decisions} / {m.num_steps}"),
+        ("return", f"{m.mean_return}"),
+        ("achievements", ", ".join(m.achievements) or "none"),
         (
             "LLM calls",
-            f"{m.get('llm_calls')} ({m.get('prompt_tokens')} prompt + {m.get('completion_tokens')} "
-            f"completion tokens, {m.get('llm_time_s')}s)",
+            f"{m.llm_calls} ({m.prompt_tokens} prompt + {m.completion_tokens} "
+            f"completion tokens, {m.llm_time_s}s)",
         ),
-        ("wall time", f"{m.get('wall_time_s')}s"),
+        ("wall time", f"{m.wall_time_s}s"),
         ("trace", str(path)),
     ]
-    if response.get("error"):
-        rows.insert(1, ("error", str(response["error"])))
     for key, value in rows:
         table.add_row(key, value)
     return table
@@ -96,17 +114,45 @@ def rollout_command(
     timeout_s: Annotated[
         float, typer.Option("--timeout", min=1, help="Seconds the rollout may take.")
     ] = 600.0,
+    force: Annotated[
+        bool, typer.Option("--force", help="Replace an existing <run_id>_trace.json (the DB keeps both).")
+    ] = False,
 ) -> None:
-    """Run one traced rollout and write <run_id>_trace.json in the current directory."""
+    """Run one traced rollout and write <run_id>_trace.json in the current directory.
+
+    Exits 0 only when the rollout completed; 1 when it ran but failed (the cause is printed), 2
+    when it could not be run."""
+    from rich.console import Console
+
+    from grpo_service.client import (
+        ServiceCallError,
+        TaskAppClient,
+        build_policy_config,
+        policy_uses_inference,
+        rollout_failure,
+    )
+    from grpo_service.models import RolloutResponse
+    from grpo_service.tracing.codec import redact
+
+    console = Console()
     run_id = run_id or f"rollout-{uuid.uuid4().hex[:8]}"
+    path = Path.cwd() / f"{run_id}_trace.json"
+    if path.exists() and not force:
+        raise _fail(
+            console,
+            f"{path.name} already exists (run {run_id!r} was collected before); pass --force to "
+            "replace it or choose another --run-id",
+        )
     with TaskAppClient(base_url, api_key, timeout_s=30.0) as client:
         try:
             info = client.info()
         except ServiceCallError as exc:
             if exc.status in (401, 403):
-                raise _fail(f"{base_url}: {exc.detail} (pass --api-key or set ENVIRONMENT_API_KEY)") from None
+                raise _fail(
+                    console, f"{base_url}: {exc.detail} (pass --api-key or set ENVIRONMENT_API_KEY)"
+                ) from None
             if exc.status is None:
-                raise _fail(f"cannot reach the task app at {base_url}: {exc.detail}") from None
+                raise _fail(console, f"cannot reach the task app at {base_url}: {exc.detail}") from None
             info = None
         config = build_policy_config(
             policy_uses_inference(info, policy),
@@ -124,20 +170,61 @@ def rollout_command(
             logprobs=logprobs,
             max_time_s=timeout_s,
         )
-        with console.status(f"running rollout {run_id} ({max_llm_calls} decisions max)…"):
-            try:
-                # Retried only when the service refused it outright (busy, unreachable).
-                response = client.rollout(body).model_dump(mode="json")
-            except ServiceCallError as exc:
-                raise _fail(f"rollout failed: {exc}") from None
-    path = Path.cwd() / f"{run_id}_trace.json"
-    snapshot = {"request": redact(body), **response}
+        try:
+            # Retried only when the service refused it outright (busy, unreachable).
+            client.start_rollout(body)
+            status = _poll(client, console, run_id, max_llm_calls, deadline_s=timeout_s + 30)
+        except ServiceCallError as exc:
+            raise _fail(console, f"rollout failed: {exc}") from None
+    response = status.result
+    if not isinstance(response, RolloutResponse):
+        raise _fail(console, f"rollout {run_id} {status.status}: {status.error or 'no result'}")
+    if force and path.exists():
+        note = f"replacing {path.name}; the trace DB now holds two runs named {run_id}"
+        console.print(f"[yellow]note:[/] {note}")
+    snapshot = {"request": redact(body), **response.model_dump(mode="json")}
     path.write_text(json.dumps(snapshot, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     console.print(summary_table(response, path))
-    if response.get("status") != "completed":
+    if rollout_failure(response)[0] is not None:
         raise typer.Exit(1)
 
 
-def _fail(message: str) -> typer.Exit:
+def _poll(
+    client: TaskAppClient, console: Console, run_id: str, turns: int, *, deadline_s: float
+) -> RunStatusResponse:
+    """Poll ``/run/status`` until the run has finished, showing turn k/N; Ctrl-C aborts the run."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from grpo_service.client import ServiceCallError
+
+    deadline = time.monotonic() + deadline_s
+    with Progress(
+        TextColumn(f"[bold]rollout[/] {run_id} turn"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as progress:
+        task = progress.add_task("", total=turns)
+        try:
+            while True:
+                status = client.run_status(run_id)
+                progress.update(task, completed=min(turns, status.ops_executed // 2))
+                if status.status != "running":
+                    return status
+                if time.monotonic() > deadline:
+                    client.abort(run_id=run_id)
+                    raise ServiceCallError("timeout", f"run {run_id} still running after {deadline_s:.0f}s")
+                time.sleep(POLL_INTERVAL_S)
+        except KeyboardInterrupt:
+            console.print(f"interrupted: aborting {run_id} (its partial trajectory is kept)")
+            client.abort(run_id=run_id)
+            while (status := client.run_status(run_id)).status == "running":
+                time.sleep(POLL_INTERVAL_S)
+            return status
+
+
+def _fail(console: Console, message: str) -> typer.Exit:
     console.print(f"[red]error:[/] {message}")
     return typer.Exit(2)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
 
-from grpo_service.config import Settings
+if TYPE_CHECKING:
+    from grpo_service.config import Settings
 
-console = Console()
 RELOAD_APP = "grpo_service.cli.asgi:app"
 
 
@@ -33,6 +32,8 @@ def trace_db_path(trace_dir: Path | None, trace_db: Path | None, now: float | No
 
 def build_settings(env_file: Path | None, **overrides: Any) -> Settings:
     """Settings from the environment, the env file (default ``.env``) and the given flags."""
+    from grpo_service.config import Settings
+
     given = {k: v for k, v in overrides.items() if v is not None}
     return Settings(_env_file=env_file if env_file is not None else ".env", **given)  # type: ignore[call-arg]
 
@@ -71,6 +72,9 @@ def serve_command(
     ] = None,
 ) -> None:
     """Serve the task app (FastAPI + uvicorn), with optional SQLite tracing."""
+    from rich.console import Console
+
+    console = Console()
     db = trace_db_path(trace, trace_db)
     settings = build_settings(
         env_file,
@@ -80,9 +84,19 @@ def serve_command(
         allow_insecure=True if insecure else None,
         workers=workers,
     )
+    from grpo_service.auth import check_bind_safety
+
+    # Refuse an unsafe bind before announcing anything.
+    check_bind_safety(settings.host, settings.environment_api_key is not None, settings.allow_insecure)
     if settings.trace_db is not None:
         settings.trace_db.parent.mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]Tracing[/] every rollout to [cyan]{settings.trace_db}[/]")
+    if settings.environment_api_key is not None:
+        source = "the environment or " + str(env_file or ".env")
+        console.print(
+            f"[bold]API key required[/] (ENVIRONMENT_API_KEY from {source}): clients send X-API-Key; "
+            "every route but /health answers 401 without it"
+        )
     console.print(f"[bold]Serving[/] on http://{settings.host}:{settings.port}  (API docs: /docs)")
     if settings.workers != 1:
         from grpo_service.serving.workers import resolve_workers

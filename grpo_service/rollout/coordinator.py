@@ -60,11 +60,11 @@ class RolloutCoordinator:
     # ---------------------------------------------------------------------------- public API
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
-        run = self.runs.register(req.run_id or new_instance_id(), "rollout", len(req.op_list()))
+        run = self._register_rollout(req)
         return await self._run_registered(run, req)
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
-        run = self.runs.register(req.run_id or new_instance_id(), "rollout", len(req.op_list()))
+        run = self._register_rollout(req)
         return _in_background(run, self._run_registered(run, req))
 
     async def group(self, req: RolloutGroupRequest) -> RolloutGroupResponse:
@@ -79,6 +79,11 @@ class RolloutCoordinator:
         return self.runs.abort(run_id)
 
     # ------------------------------------------------------------------------------ single
+
+    def _register_rollout(self, req: RolloutRequest) -> RunHandle:
+        return self.runs.register(
+            req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id
+        )
 
     async def _run_registered(
         self,
@@ -200,9 +205,11 @@ class RolloutCoordinator:
         member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         self.runs.admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
-        run = self.runs.add(group_id, "group", member_ops * req.group_size)
+        run = self.runs.add(group_id, "group", member_ops * req.group_size, req.rl_run_id)
         run.member_ids = member_ids
-        run.member_runs = [self.runs.add(member_id, "rollout", member_ops) for member_id in member_ids]
+        run.member_runs = [
+            self.runs.add(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
+        ]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
@@ -247,6 +254,10 @@ class RolloutCoordinator:
             ),
             warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
         )
+        # The group's own counters: its members' totals (live, /run/status sums the members).
+        run.ops_executed = sum(m.ops_executed for m in members_runs)
+        run.llm_s = sum(m.llm_s for m in members_runs)
+        run.env_s = sum(m.env_s for m in members_runs)
         self.runs.finish(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 

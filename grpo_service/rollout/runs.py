@@ -14,9 +14,9 @@ class RunBook:
     def __init__(self, registry: Registry) -> None:
         self.registry = registry
 
-    def register(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def register(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self.admit([run_id])
-        return self.add(run_id, kind, ops_total)
+        return self.add(run_id, kind, ops_total, rl_run_id)
 
     def admit(self, run_ids: list[str]) -> None:
         """Refuse (409/429) unless every one of ``run_ids`` can be registered now. Registering
@@ -33,9 +33,9 @@ class RunBook:
                 headers={"Retry-After": "1"},
             )
 
-    def add(self, run_id: str, kind: str, ops_total: int) -> RunHandle:
+    def add(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
         self.registry.runs.pop(run_id)
-        run = RunHandle(id=run_id, rl_run_id="", kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
+        run = RunHandle(id=run_id, rl_run_id=rl_run_id, kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
         self._evict_finished()
         self.registry.runs.put_evicting(run_id, run)
         return run

@@ -6,10 +6,12 @@ from fastapi import APIRouter, Depends
 
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
+from grpo_service.errors import error_responses
 from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     EnvCreateRequest,
     EnvCreateResponse,
+    EnvList,
     EnvResetRequest,
     EnvResetResponse,
     EnvRestoreRequest,
@@ -17,11 +19,13 @@ from grpo_service.models import (
     EnvSnapshotRequest,
     EnvStepRequest,
     EnvStepResponse,
+    EnvSummary,
     EnvTerminateRequest,
     SnapshotResponse,
     TerminateResponse,
 )
-from grpo_service.registry import SnapshotMeta
+from grpo_service.paging import PageDep, live_object_fields, paginate
+from grpo_service.registry import EnvHandle, SnapshotMeta
 
 router = APIRouter(
     prefix="/env", tags=["env"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
@@ -40,7 +44,7 @@ def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:
     )
 
 
-@router.post("/create", response_model=EnvCreateResponse)
+@router.post("/create", response_model=EnvCreateResponse, responses=error_responses(400, 413, 422, 429))
 async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateResponse:
     """Create an environment and start its first episode."""
     handle = await services.envs.create(req.env_name, req.config, req.seed, req.rl_run_id)
@@ -52,7 +56,9 @@ async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateRespo
     )
 
 
-@router.post("/reset", response_model=EnvResetResponse)
+@router.post(
+    "/reset", response_model=EnvResetResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse:
     """Start a new episode (of ``seed`` if given, else the next episode of the env's seed)."""
     result = await services.envs.reset(req.env_id, req.seed)
@@ -61,7 +67,7 @@ async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse
     )
 
 
-@router.post("/step", response_model=EnvStepResponse)
+@router.post("/step", response_model=EnvStepResponse, responses=error_responses(400, 404, 409, 413, 421, 422))
 async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
     """Execute one action, a list of actions, or the tool calls a policy emitted."""
     if req.tool_calls is not None:
@@ -80,13 +86,17 @@ async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
     )
 
 
-@router.post("/snapshot", response_model=SnapshotResponse)
+@router.post(
+    "/snapshot", response_model=SnapshotResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def snapshot(req: EnvSnapshotRequest, services: ServicesDep) -> SnapshotResponse:
     """Save the env's full live state; restore it with the returned ``snapshot_id``."""
     return snapshot_response(await services.envs.snapshot(req.env_id, req.rl_run_id))
 
 
-@router.post("/restore", response_model=EnvRestoreResponse)
+@router.post(
+    "/restore", response_model=EnvRestoreResponse, responses=error_responses(400, 404, 413, 422, 429)
+)
 async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreResponse:
     """A new env that continues exactly where the snapshot was taken."""
     handle = await services.envs.restore(req.snapshot_id, req.rl_run_id)
@@ -103,7 +113,26 @@ async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreRe
     )
 
 
-@router.post("/terminate", response_model=TerminateResponse)
+@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(400, 413, 422))
 async def terminate(req: EnvTerminateRequest, services: ServicesDep) -> TerminateResponse:
     """Release an env. Idempotent: an unknown or already terminated id answers ``existed: false``."""
     return TerminateResponse(existed=await services.envs.terminate(req.env_id))
+
+
+def env_summary(handle: EnvHandle) -> EnvSummary:
+    last = handle.last
+    return EnvSummary(
+        env_id=handle.id,
+        env_name=handle.env_name,
+        step_idx=last.step_idx if last else None,
+        done=bool(last and last.done),
+        parent_env_id=handle.parent_env_id,
+        **live_object_fields(handle),
+    )
+
+
+@router.get("/list", response_model=EnvList, responses=error_responses(422))
+async def list_envs(page: PageDep, services: ServicesDep) -> EnvList:
+    """The live envs of this process, oldest first, a page at a time (filter by ``rl_run_id``)."""
+    listed = paginate(services.registry.envs, page, lambda h: h.rl_run_id, env_summary)
+    return EnvList(envs=listed.pop("items"), **listed)

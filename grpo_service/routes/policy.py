@@ -6,20 +6,24 @@ from fastapi import APIRouter, Depends
 
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
-from grpo_service.errors import Unprocessable
+from grpo_service.errors import Unprocessable, error_responses
 from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     PolicyCreateRequest,
     PolicyCreateResponse,
+    PolicyList,
     PolicyRestoreRequest,
     PolicyRestoreResponse,
     PolicySnapshotRequest,
     PolicyStepRequest,
     PolicyStepResponse,
+    PolicySummary,
     PolicyTerminateRequest,
     SnapshotResponse,
     TerminateResponse,
 )
+from grpo_service.paging import PageDep, live_object_fields, paginate
+from grpo_service.registry import PolicyHandle
 from grpo_service.rollout import llm_record
 from grpo_service.routes.env import snapshot_response
 
@@ -28,7 +32,9 @@ router = APIRouter(
 )
 
 
-@router.post("/create", response_model=PolicyCreateResponse)
+@router.post(
+    "/create", response_model=PolicyCreateResponse, responses=error_responses(400, 404, 413, 421, 422, 429)
+)
 async def create(req: PolicyCreateRequest, services: ServicesDep) -> PolicyCreateResponse:
     """Create a policy, optionally bound to an env (its observations become the default input)."""
     handle = await services.policies.create(
@@ -39,7 +45,9 @@ async def create(req: PolicyCreateRequest, services: ServicesDep) -> PolicyCreat
     )
 
 
-@router.post("/step", response_model=PolicyStepResponse)
+@router.post(
+    "/step", response_model=PolicyStepResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepResponse:
     """Decide on tool calls for an observation (``dry_run``: only build the inference request)."""
     handle = services.policies.get(req.policy_id)
@@ -69,13 +77,17 @@ async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepRespo
     )
 
 
-@router.post("/snapshot", response_model=SnapshotResponse)
+@router.post(
+    "/snapshot", response_model=SnapshotResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
 async def snapshot(req: PolicySnapshotRequest, services: ServicesDep) -> SnapshotResponse:
     """Save the policy's state (config, history window, turn index)."""
     return snapshot_response(await services.policies.snapshot(req.policy_id, req.rl_run_id))
 
 
-@router.post("/restore", response_model=PolicyRestoreResponse)
+@router.post(
+    "/restore", response_model=PolicyRestoreResponse, responses=error_responses(400, 404, 413, 421, 422, 429)
+)
 async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRestoreResponse:
     """A new policy with the snapshot's state, optionally bound to ``bound_env_id``."""
     handle = await services.policies.restore(req.snapshot_id, req.rl_run_id, req.bound_env_id)
@@ -88,7 +100,23 @@ async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRes
     )
 
 
-@router.post("/terminate", response_model=TerminateResponse)
+@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(400, 413, 422))
 async def terminate(req: PolicyTerminateRequest, services: ServicesDep) -> TerminateResponse:
     """Release a policy. Idempotent."""
     return TerminateResponse(existed=await services.policies.terminate(req.policy_id))
+
+
+def policy_summary(handle: PolicyHandle) -> PolicySummary:
+    return PolicySummary(
+        policy_id=handle.id,
+        policy_name=handle.policy_name,
+        bound_env_id=handle.bound_env_id,
+        **live_object_fields(handle),
+    )
+
+
+@router.get("/list", response_model=PolicyList, responses=error_responses(422))
+async def list_policies(page: PageDep, services: ServicesDep) -> PolicyList:
+    """The live policies of this process, oldest first, a page at a time (filter by ``rl_run_id``)."""
+    listed = paginate(services.registry.policies, page, lambda h: h.rl_run_id, policy_summary)
+    return PolicyList(policies=listed.pop("items"), **listed)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
 
 from grpo_service.auth import require_api_key
 from grpo_service.branching import branch as branch_envs
 from grpo_service.deps import ServicesDep
+from grpo_service.errors import error_responses
 from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     BranchRequest,
@@ -17,9 +21,13 @@ from grpo_service.models import (
     RolloutResponse,
     RunAbortRequest,
     RunAbortResponse,
+    RunList,
+    RunMemberStatus,
     RunStarted,
     RunStatusResponse,
+    RunSummary,
 )
+from grpo_service.paging import PageDep, paginate
 from grpo_service.registry import RunHandle
 
 router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
@@ -29,56 +37,132 @@ def _started(run: RunHandle) -> RunStarted:
     return RunStarted(run_id=run.id, status="running", status_url=f"/run/status/{run.id}")
 
 
-@router.post("/rollout", response_model=RolloutResponse)
+@router.post(
+    "/rollout", response_model=RolloutResponse, responses=error_responses(400, 404, 409, 413, 421, 422, 429)
+)
 async def rollout(req: RolloutRequest, services: ServicesDep) -> RolloutResponse:
     """Run a coordinated rollout (``ops`` of ``agent``/``env``) and return its trajectories."""
     return await services.coordinator.rollout(req)
 
 
-@router.post("/rollout/start", response_model=RunStarted, status_code=202)
+@router.post(
+    "/rollout/start",
+    response_model=RunStarted,
+    status_code=202,
+    responses=error_responses(400, 404, 409, 413, 421, 422, 429),
+)
 async def rollout_start(req: RolloutRequest, services: ServicesDep) -> RunStarted:
     """Start a rollout in the background; poll ``/run/status/{run_id}`` for its result."""
     return _started(services.coordinator.start_rollout(req))
 
 
-@router.post("/rollout/group", response_model=RolloutGroupResponse)
+@router.post(
+    "/rollout/group",
+    response_model=RolloutGroupResponse,
+    responses=error_responses(400, 404, 409, 413, 422, 429),
+)
 async def rollout_group(req: RolloutGroupRequest, services: ServicesDep) -> RolloutGroupResponse:
     """G concurrent rollouts from one start state (a seed or a snapshot), for a GRPO group."""
     return await services.coordinator.group(req)
 
 
-@router.post("/rollout/group/start", response_model=RunStarted, status_code=202)
+@router.post(
+    "/rollout/group/start",
+    response_model=RunStarted,
+    status_code=202,
+    responses=error_responses(400, 404, 409, 413, 422, 429),
+)
 async def rollout_group_start(req: RolloutGroupRequest, services: ServicesDep) -> RunStarted:
     """Start a group in the background; poll ``/run/status/{group_id}``."""
     return _started(services.coordinator.start_group(req))
 
 
-@router.post("/branch", response_model=BranchResponse)
+@router.post(
+    "/branch", response_model=BranchResponse, responses=error_responses(400, 404, 409, 413, 421, 422, 429)
+)
 async def branch(req: BranchRequest, services: ServicesDep) -> BranchResponse:
     """Fork live envs/policies into ``num_children`` exact copies each, with lineage."""
     return await branch_envs(req, services.envs, services.policies)
 
 
-@router.post("/run/abort", response_model=RunAbortResponse)
+@router.post(
+    "/run/abort", response_model=RunAbortResponse, responses=error_responses(400, 404, 413, 421, 422)
+)
 async def run_abort(req: RunAbortRequest, services: ServicesDep) -> RunAbortResponse:
     """Stop a running rollout or group promptly; partial trajectories are kept."""
     run = services.coordinator.abort(req.run_id)
     return RunAbortResponse(ok=True, run_id=run.id, status=run.status)
 
 
-@router.get("/run/status/{run_id}", response_model=RunStatusResponse)
-async def run_status(run_id: str, services: ServicesDep) -> RunStatusResponse:
+@router.get(
+    "/run/status/{run_id}", response_model=RunStatusResponse, responses=error_responses(404, 421, 422)
+)
+async def run_status(
+    run_id: Annotated[str, Path(description="A rollout's, group's or group member's run id.")],
+    services: ServicesDep,
+) -> RunStatusResponse:
     """Status, progress and timings of a run; the full result once it has finished."""
     run = services.registry.runs.get(run_id)
+    members = run.member_runs
+    ops, llm_s, env_s = _progress(run, members)
     return RunStatusResponse(
         run_id=run.id,
         kind=run.kind,
         status=run.status,
         started_at=run.started_at,
         finished_at=run.finished_at,
-        ops_executed=run.ops_executed,
+        ops_executed=ops,
         ops_total=run.ops_total,
-        timings={"llm_s": round(run.llm_s, 6), "env_s": round(run.env_s, 6)},
+        timings={"llm_s": round(llm_s, 6), "env_s": round(env_s, 6)},
         error=run.error,
+        members=None
+        if run.kind != "group"
+        else [
+            RunMemberStatus(
+                group_index=int(m.id.rsplit(".", 1)[1]),
+                run_id=m.id,
+                status=m.status,
+                ops_executed=m.ops_executed,
+                ops_total=m.ops_total,
+            )
+            for m in members
+        ],
         result=run.result,
     )
+
+
+def _progress(run: RunHandle, members: list[RunHandle]) -> tuple[int, float, float]:
+    """Ops done and LLM/env seconds: a running group's are its members' sums."""
+    if run.kind == "group" and not run.finished:
+        return (
+            sum(m.ops_executed for m in members),
+            sum(m.llm_s for m in members),
+            sum(m.env_s for m in members),
+        )
+    return run.ops_executed, run.llm_s, run.env_s
+
+
+def run_summary(run: RunHandle, ops_executed: int) -> RunSummary:
+    return RunSummary(
+        run_id=run.id,
+        kind=run.kind,
+        status=run.status,
+        rl_run_id=run.rl_run_id,
+        started_at=run.started_at,
+        age_s=round(time.time() - run.started_at, 3),
+        finished_at=run.finished_at,
+        ops_executed=ops_executed,
+        ops_total=run.ops_total,
+    )
+
+
+@router.get("/run/list", response_model=RunList, responses=error_responses(422))
+async def run_list(page: PageDep, services: ServicesDep) -> RunList:
+    """Running and recently finished rollouts and groups of this process (filter by ``rl_run_id``).
+    A group's members are listed as runs of their own (``{group_id}.{index}``)."""
+
+    def summary(run: RunHandle) -> RunSummary:
+        return run_summary(run, _progress(run, run.member_runs)[0])
+
+    listed = paginate(services.registry.runs, page, lambda r: r.rl_run_id, summary)
+    return RunList(runs=listed.pop("items"), **listed)

@@ -20,7 +20,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,9 +30,18 @@ ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
 
 
+class UnknownAchievement(ValueError):
+    """A ``require_achievements`` name no environment of the DB knows (a typo would keep nothing)."""
+
+
 class ExportFilters(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    mode: Literal["rl", "eval"] | None = Field(
+        default="rl",
+        description="Sessions of this request mode; eval episodes are left out by default (None: all).",
+    )
+    run_ids: list[str] = Field(default_factory=list, description="Only sessions of these run ids.")
     model: str | None = Field(default=None, description="Keep sessions whose policy model is this.")
     min_achievements: int = Field(default=0, ge=0, description="Distinct achievements unlocked, at least.")
     require_achievements: list[str] = Field(default_factory=list, description="All of these unlocked.")
@@ -73,6 +82,10 @@ class ExportReport:
 
 def session_skip_reason(session: dict[str, Any], filters: ExportFilters) -> str | None:
     """Why a session is left out (``None``: keep it). The first failing filter names the reason."""
+    if filters.mode is not None and (session.get("mode") or "rl") != filters.mode:
+        return "mode"
+    if filters.run_ids and session.get("run_id") not in filters.run_ids:
+        return "run_id"
     if filters.model is not None and session.get("model") != filters.model:
         return "model"
     achievements = set(session.get("achievements") or [])
@@ -84,6 +97,20 @@ def session_skip_reason(session: dict[str, Any], filters: ExportFilters) -> str 
     if filters.min_reward is not None and float(session.get("total_reward") or 0.0) < filters.min_reward:
         return "min_reward"
     return None
+
+
+def check_achievement_names(names: list[str], sessions: list[dict[str, Any]]) -> None:
+    """Refuse names that are neither Crafter's achievements nor unlocked in any session of the DB."""
+    if not names:
+        return
+    from envs.crafter.actions import ACHIEVEMENTS
+
+    known = set(ACHIEVEMENTS) | {a for s in sessions for a in s.get("achievements") or []}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UnknownAchievement(
+            f"unknown achievement {', '.join(map(repr, unknown))}; valid: {', '.join(sorted(known))}"
+        )
 
 
 # --------------------------------------------------------------------------------- examples
@@ -242,6 +269,7 @@ def iter_examples(
     on_session: Callable[[], None] | None = None,
 ) -> Iterator[dict[str, Any]]:
     sessions = reader.sessions()
+    check_achievement_names(filters.require_achievements, sessions)
     report.sessions_total = len(sessions)
     for session in sessions:
         reason = session_skip_reason(session, filters)

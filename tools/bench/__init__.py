@@ -8,18 +8,30 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.console import Console
-from rich.table import Table
 
-from tools.bench.run import FIGURE_KEYS, FIGURES, RATIO_KEYS, RATIOS, _fmt, run_bench
+if TYPE_CHECKING:
+    from rich.console import Console
 
 __all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench"]
 
 
+def __getattr__(name: str) -> Any:
+    """The runner's names, imported on first use: ``grpo-service --help`` must not load the bench."""
+    if name in ("FIGURE_KEYS", "RATIO_KEYS", "run_bench"):
+        from tools.bench import run
+
+        return getattr(run, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 def render_table(report: dict[str, Any], console: Console) -> None:
+    from rich.table import Table
+
+    from tools.bench.run import FIGURES, RATIOS, _fmt
+
     machine = report["machine"]
     console.print(
         f"[bold]grpo-service bench[/] ({report['mode']}, {report['duration_s']} s) on "
@@ -87,9 +99,16 @@ def bench_main(
     ] = False,
 ) -> None:
     """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
+    from rich.console import Console
+
+    from tools.bench.run import run_bench
+
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
-    report = run_bench(mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False))
+    # markup=False: a progress line such as "spread [1.2, 3.4]" is text, not a rich tag.
+    report = run_bench(
+        mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
+    )
     render_table(report, console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")

@@ -328,9 +328,7 @@ class Bench:
     def _timed(self, key: str, fn: Callable[[], Any]) -> Any:
         t0 = time.perf_counter()
         value = fn()
-        self.log(
-            f"  {key}: {_fmt(value) if isinstance(value, float) else ''} ({time.perf_counter() - t0:.1f} s)"
-        )
+        self.log(f"  {key}{_shown(value)} ({time.perf_counter() - t0:.1f} s)")
         return value
 
     # ------------------------------------------------------------------------------ phases
@@ -619,6 +617,16 @@ class Bench:
 def _spread_pct(values: list[float]) -> float:
     med = statistics.median(values)
     return round(100 * (max(values) - min(values)) / med, 1) if med else 0.0
+
+
+def _shown(value: Any) -> str:
+    """A timed step's value for its progress line: a number, a dict's numbers, or nothing (a run's
+    figures are logged on the next line)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return f": {_fmt(float(value))}"
+    if isinstance(value, dict):
+        return ": " + ", ".join(f"{k} {_fmt(v)}" for k, v in value.items() if isinstance(v, int | float))
+    return ""
 
 
 def _fmt(value: float | None) -> str:

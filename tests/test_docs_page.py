@@ -1,0 +1,89 @@
+"""The API page: ``/docs`` (Swagger UI) and ``/redoc`` render from the service's own assets, with no
+network beyond 127.0.0.1, in Debian's headless Chromium."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from grpo_service.models import RolloutRequest
+from tools.server_thread import ServerThread
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+    # Offline: every host but loopback resolves to nothing, so a CDN asset could not load.
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
+)
+
+
+def test_docs_pages_load_only_assets_the_service_serves(client: httpx.Client) -> None:
+    for path in ("/docs", "/redoc"):
+        page = client.get(path)
+        assert page.status_code == 200
+        assets = re.findall(r'(?:src|href)="([^"]+)"', page.text)
+        assert assets and all(a.startswith("/") for a in assets), assets  # nothing from a CDN
+        for asset in assets:
+            assert client.get(asset).status_code == 200, asset
+
+
+@pytest.fixture
+def browser() -> Iterator[object]:
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        pytest.skip("Debian's chromium and chromium-driver are not installed")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in FLAGS:
+        options.add_argument(flag)
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        options.add_argument(f"--user-data-dir={profile}")
+        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+        driver.set_page_load_timeout(30)
+        try:
+            yield driver
+        finally:
+            driver.quit()
+
+
+def test_docs_render_offline_in_chromium(server: ServerThread, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    driver = browser
+    driver.get(server.base_url + "/docs")  # type: ignore[attr-defined]
+    wait = WebDriverWait(driver, 30)
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, ".opblock-summary-path")))
+    shown = driver.find_elements(By.CSS_SELECTOR, ".opblock-summary-path")  # type: ignore[attr-defined]
+    paths = {e.text.replace("\u200b", "") for e in shown}
+    assert {"/env/create", "/rollout", "/rollout/group", "/health"} <= paths
+    title = driver.find_element(By.CSS_SELECTOR, ".info .title").text  # type: ignore[attr-defined]
+    assert "grpo-service" in title
+    assert not driver.find_elements(By.CSS_SELECTOR, ".errors-wrapper")  # type: ignore[attr-defined]
+
+    # "Try it out" starts from the request model's first example, which works as it is.
+    driver.find_element(By.ID, "operations-rollout-rollout_rollout_post").click()  # type: ignore[attr-defined]
+    wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".try-out__btn"))).click()
+    body = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "textarea.body-param__text")))
+    assert json.loads(body.get_attribute("value")) == RolloutRequest.model_json_schema()["examples"][0]
+
+    driver.get(server.base_url + "/redoc")  # type: ignore[attr-defined]
+    wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "[role=menuitem], .menu-content")))
