@@ -31,6 +31,8 @@ log = logging.getLogger(__name__)
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = ROOT / "pyproject.toml"
 LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training", "tools")
+# What of them the image gets: Python sources, and the trace viewer's page (HTML, CSS, JS).
+SHIPPED_FILES = modal.FilePatternMatcher("**/*.py", "**/viewer/static/*")
 
 APP_NAME = "grpo-service"
 VOLUME_NAME = "synth-env-state"
@@ -55,7 +57,7 @@ TIMEOUT_S = 60 * 60
 image = (
     modal.Image.debian_slim(python_version="3.11")
     .pip_install_from_pyproject(str(PYPROJECT))
-    .add_local_python_source(*LOCAL_PACKAGES)
+    .add_local_python_source(*LOCAL_PACKAGES, ignore=~SHIPPED_FILES)
 )
 volume = modal.Volume.from_name(VOLUME_NAME, create_if_missing=True)
 modal_app = modal.App(APP_NAME, image=image)

@@ -95,6 +95,12 @@ class EnvManager:
     def seed(handle: EnvHandle) -> int | None:
         return getattr(handle.env, "seed", None)
 
+    @staticmethod
+    def config(handle: EnvHandle) -> dict[str, Any] | None:
+        """The config the env was built with, as JSON."""
+        config = getattr(handle.env, "config", None)
+        return config.model_dump(mode="json") if hasattr(config, "model_dump") else None
+
     async def reset_handle(self, handle: EnvHandle, seed: int | None = None) -> StepResult:
         async with handle.lock:
             self._check_open(handle)

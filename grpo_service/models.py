@@ -340,6 +340,9 @@ class LLMCallRecord(BaseModel):
         default=None, description="One logprob per completion token."
     )
     error: str | None = Field(default=None, description="Why the call failed, if it did.")
+    weights_version: int | None = Field(
+        default=None, description="The inference server's weights version, when it reports one."
+    )
 
 
 class PolicyStepResponse(BaseModel):
@@ -579,6 +582,14 @@ class RolloutMetrics(BaseModel):
     llm_calls_without_tokens: int = Field(
         default=0,
         description="Recorded LLM calls whose server returned no token ids or logprobs (untrainable).",
+    )
+    weights_version: int | None = Field(
+        default=None,
+        description="The oldest weights version the inference server reported for this rollout's calls "
+        "(serve-model reports one; vLLM does not): a trainer drops rollouts sampled from stale weights.",
+    )
+    weights_version_max: int | None = Field(
+        default=None, description="The newest version (differs when weights changed mid-rollout)."
     )
 
 

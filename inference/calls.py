@@ -25,3 +25,6 @@ class LLMCall:
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     error: str | None = None
+    # The server's weights version when it reports one (our `serve-model` does; vLLM does not):
+    # a trainer drops samples drawn from weights older than the ones it is training.
+    weights_version: int | None = None

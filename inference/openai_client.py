@@ -316,6 +316,11 @@ def choice_tokens(response: dict[str, Any], index: int = 0) -> tuple[list[int] |
     return ids, logprobs
 
 
+def _weights_version(response: dict[str, Any]) -> int | None:
+    version = response.get("weights_version")
+    return version if isinstance(version, int) and not isinstance(version, bool) else None
+
+
 def compact_response(response: dict[str, Any] | None) -> dict[str, Any] | None:
     """The response without the bulky token data (per-token logprob entries, token ids).
 
@@ -353,6 +358,7 @@ def per_choice_calls(call: LLMCall) -> list[LLMCall]:
                 prompt_token_ids=call.prompt_token_ids,
                 completion_token_ids=ids,
                 completion_logprobs=logprobs,
+                weights_version=call.weights_version,
             )
         )
     return calls
@@ -539,6 +545,7 @@ class InferenceClient:
             prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids,
             completion_logprobs=logprobs,
+            weights_version=_weights_version(response),
         )
 
     async def list_models(self) -> list[str]:

@@ -128,3 +128,16 @@ def serve(tmp_path: Path, fake_llm: FakeInferenceServer) -> Iterator[Callable[..
         if served.proc.poll() is None:
             os.killpg(served.proc.pid, signal.SIGKILL)
             served.proc.wait(10)
+
+
+# ------------------------------------------------------------- trace DBs for the viewer
+
+
+@pytest.fixture(scope="session")
+def real_trace_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A trace DB of real rollouts (a GRPO group, LLM rollouts, a policy error), recorded once."""
+    from tests.viewer_data import record_real_db
+
+    root = tmp_path_factory.mktemp("viewer")
+    record_real_db(root / "task_app_traces_real.db", root / "state")
+    return root / "task_app_traces_real.db"

@@ -94,3 +94,11 @@ def test_serving_gc_raises_thresholds_and_restores_them() -> None:
             assert gc.get_threshold() == (1234, 5, 5)
     finally:
         gc.set_threshold(*before)
+
+
+def test_progress_lines_show_every_kind_of_value() -> None:
+    from tools.bench.run import _shown
+
+    assert _shown(1234.5) == ": 1,234" and _shown(3) == ": 3.00" and _shown(0.25) != ""
+    assert _shown({"snapshot_p50_ms": 2.5, "note": "x"}) == ": snapshot_p50_ms 2.50"
+    assert _shown(object()) == ""  # a run's figures are logged on the next line

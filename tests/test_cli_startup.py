@@ -51,8 +51,13 @@ print("\\n".join(sorted(sys.modules)))
         ["rollout", "--help"],
         ["export-sft", "--help"],
         ["eval", "--help"],
+        ["eval-report", "--help"],
+        ["view", "--help"],
         ["traces", "--help"],
         ["traces", "show", "--help"],
+        ["init-model", "--help"],
+        ["serve-model", "--help"],
+        ["train", "--help"],
     ],
 )
 def test_help_imports_no_heavy_module(argv: list[str]) -> None:

@@ -80,7 +80,12 @@ def test_docs_render_offline_in_chromium(server: ServerThread, browser: object) 
     assert not driver.find_elements(By.CSS_SELECTOR, ".errors-wrapper")  # type: ignore[attr-defined]
 
     # "Try it out" starts from the request model's first example, which works as it is.
-    driver.find_element(By.ID, "operations-rollout-rollout_rollout_post").click()  # type: ignore[attr-defined]
+    (block,) = [
+        b
+        for b in driver.find_elements(By.CSS_SELECTOR, ".opblock.opblock-post")  # type: ignore[attr-defined]
+        if b.find_element(By.CSS_SELECTOR, ".opblock-summary-path").text.replace("\u200b", "") == "/rollout"
+    ]
+    block.find_element(By.CSS_SELECTOR, ".opblock-summary").click()
     wait.until(ec.element_to_be_clickable((By.CSS_SELECTOR, ".try-out__btn"))).click()
     body = wait.until(ec.presence_of_element_located((By.CSS_SELECTOR, "textarea.body-param__text")))
     assert json.loads(body.get_attribute("value")) == RolloutRequest.model_json_schema()["examples"][0]

@@ -22,7 +22,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
+from grpo_service.cli import app as cli_app
 from grpo_service.tracing.export import validate_example
 from tests.conftest import REPO, free_port
 
@@ -83,6 +85,19 @@ class Shell:
             stdin=subprocess.DEVNULL,
         )
 
+    def invoke(self, command: str) -> subprocess.CompletedProcess[str]:
+        """`run` in this process (no interpreter start-up): for the many short failure cases."""
+        env, argv, _ = self.argv(command)
+        assert argv[1:3] == ["-m", "grpo_service.cli"], command
+        cwd = os.getcwd()
+        os.chdir(self.cwd)
+        try:
+            unset = {"ENVIRONMENT_API_KEY": None, "TRACE_DB": None}  # as in `run`'s environment
+            result = CliRunner().invoke(cli_app, argv[3:], env={**unset, **env, "COLUMNS": "200"})
+        finally:
+            os.chdir(cwd)
+        return subprocess.CompletedProcess(argv, result.exit_code, result.output, "")
+
     def start(self, command: str, ready_url: str) -> None:
         env, argv, background = self.argv(command)
         assert background, command
@@ -123,7 +138,7 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
     """The README's steps 0 and 1, started once: the fake inference server and the traced task app."""
     sh = Shell(tmp_path_factory.mktemp("first-hour"))
     fake, serve, *_ = workflow_commands()
-    assert fake.startswith("python -m tools.fake_server") and " serve " in serve
+    assert "fake_server" in fake and " serve " in serve, (fake, serve)
     # No retries of a refused LLM connection: keeps the dead-server cases short (same cause).
     sh.env["INFERENCE_MAX_RETRIES"] = "0"
     sh.start(fake, sh.url("8001") + "/v1/models")
@@ -185,28 +200,28 @@ def test_failures_exit_non_zero_with_their_cause(shell: Shell) -> None:
     _, _, rollout, export, evaluate = workflow_commands()
     dead = f"http://127.0.0.1:{free_port()}"
 
-    failed = shell.run(rollout.replace(shell_url_of(rollout, "8001"), dead).replace("local-trace", "dead"))
+    failed = shell.invoke(rollout.replace(shell_url_of(rollout, "8001"), dead).replace("local-trace", "dead"))
     assert failed.returncode == 1, failed.stdout + failed.stderr
     assert "failed: policy_error:inference_connection_error" in failed.stdout
     assert "completed" not in failed.stdout.split("status", 1)[1].splitlines()[0]
 
-    no_eval = shell.run(
+    no_eval = shell.invoke(
         evaluate.replace("--episodes 20", "--episodes 2").replace("0-19", "0-1") + f" --inference-url {dead}"
     )
     assert no_eval.returncode == 1, no_eval.stdout + no_eval.stderr
     assert "no episode completed" in no_eval.stdout and "inference_connection_error" in no_eval.stdout
 
     twice = rollout.replace("local-trace", "twice").replace("--max-llm-calls 10", "--max-llm-calls 2")
-    assert shell.run(twice).returncode == 0
-    replay = shell.run(twice)
+    assert shell.invoke(twice).returncode == 0
+    replay = shell.invoke(twice)
     assert replay.returncode == 2 and "already exists" in replay.stdout and "--force" in replay.stdout
-    forced = shell.run(twice + " --force")
+    forced = shell.invoke(twice + " --force")
     assert forced.returncode == 0 and "two runs named twice" in forced.stdout
 
     time.sleep(0.5)
-    typo = shell.run(export + " --require-achievement collect_woood")
+    typo = shell.invoke(export + " --require-achievement collect_woood")
     assert typo.returncode == 2 and "collect_woood" in typo.stdout and "collect_wood," in typo.stdout
-    nothing = shell.run(export + " --run-id nobody")
+    nothing = shell.invoke(export + " --run-id nobody")
     assert nothing.returncode == 1 and "no examples" in nothing.stdout
 
 

@@ -31,6 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inference.completions import chat_choice, error_body
 from tools.server_thread import ServerThread
 from tools.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
 
@@ -158,10 +159,6 @@ class FakeState:
 # --------------------------------------------------------------------------------------------
 
 
-def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
-
-
 def _actions_schema(tool: dict[str, Any]) -> tuple[list[str], int | None]:
     params = tool.get("function", {}).get("parameters", {})
     actions = params.get("properties", {}).get("actions", {}) if isinstance(params, dict) else {}
@@ -239,18 +236,7 @@ def _choice(
     ids = [token_id(t) for t in tokens]
     logprobs = [-round(rng.expovariate(3.0) + 1e-4, 6) for _ in tokens]
 
-    choice: dict[str, Any] = {
-        "index": index,
-        "message": {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": tool_calls,
-            "reasoning_content": None,
-        },
-        "logprobs": None,
-        "finish_reason": finish,
-        "stop_reason": None,
-    }
+    choice = chat_choice(index, content, tool_calls, finish)
     if body.get("logprobs"):
         top_k = int(body.get("top_logprobs") or 0)
         choice["logprobs"] = {"content": _logprob_entries(tokens, logprobs, top_k)}
@@ -297,33 +283,33 @@ def build_completion(
 
 def _validate_body(body: Any, cfg: FakeConfig) -> JSONResponse | None:
     if not isinstance(body, dict):
-        return JSONResponse(_error_body("body must be a JSON object", "BadRequestError", 400), 400)
+        return JSONResponse(error_body("body must be a JSON object", "BadRequestError", 400), 400)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-        return JSONResponse(_error_body("messages must be a non-empty list", "BadRequestError", 400), 400)
+        return JSONResponse(error_body("messages must be a non-empty list", "BadRequestError", 400), 400)
     n = body.get("n", 1)
     if n is not None and (not isinstance(n, int) or not 1 <= n <= 128):
-        return JSONResponse(_error_body("n must be an integer in 1..128", "BadRequestError", 400), 400)
+        return JSONResponse(error_body("n must be an integer in 1..128", "BadRequestError", 400), 400)
     for key in ("max_tokens", "max_completion_tokens"):
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
-            return JSONResponse(_error_body(f"{key} must be a positive integer", "BadRequestError", 400), 400)
+            return JSONResponse(error_body(f"{key} must be a positive integer", "BadRequestError", 400), 400)
     if cfg.strict_model and body.get("model") != cfg.model:
         msg = f"The model `{body.get('model')}` does not exist."
-        return JSONResponse(_error_body(msg, "NotFoundError", 404), 404)
+        return JSONResponse(error_body(msg, "NotFoundError", 404), 404)
     return None
 
 
 def _answer(body: dict[str, Any], cfg: FakeConfig, fault: str, number: int) -> Response:
     """The response to a valid chat request, with ``fault`` applied."""
     if fault == "timeout":
-        return JSONResponse(_error_body("gave up", "Timeout", 504), 504)
+        return JSONResponse(error_body("gave up", "Timeout", 504), 504)
     if fault == "http_429":
         headers = {"Retry-After": f"{cfg.retry_after_s:g}"}
-        return JSONResponse(_error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
+        return JSONResponse(error_body("rate limited", "RateLimitError", 429), 429, headers=headers)
     if fault in ("http_500", "http_503"):
         code = int(fault[-3:])
-        return JSONResponse(_error_body(f"injected {code}", "InternalServerError", code), code)
+        return JSONResponse(error_body(f"injected {code}", "InternalServerError", code), code)
     completion = build_completion(body, cfg, fault, number)
     if fault == "malformed_json":
         return Response(json.dumps(completion)[:-7], media_type="application/json")
@@ -391,7 +377,7 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
             return None
         # Like OpenAI, echo a prefix of the key that was sent (clients must redact it).
         message = f"Incorrect API key provided: {given[:12]}****. Check your key."
-        return JSONResponse(_error_body(message, "AuthenticationError", 401), 401)
+        return JSONResponse(error_body(message, "AuthenticationError", 401), 401)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -402,7 +388,7 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         try:
             body = await request.json()
         except ValueError:
-            return JSONResponse(_error_body("body is not valid JSON", "BadRequestError", 400), 400)
+            return JSONResponse(error_body("body is not valid JSON", "BadRequestError", 400), 400)
         cfg = state.config
         if invalid := _validate_body(body, cfg):
             return invalid

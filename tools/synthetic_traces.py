@@ -7,13 +7,17 @@ rewards and achievements) without running an env or an LLM.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 import time
+from pathlib import Path
 from typing import Any
 
 from envs.base import PolicyDecision, StepResult
 from grpo_service.models import RolloutMetrics, RolloutRequest, RolloutResponse
 from grpo_service.tracing.traces import DecisionTrace, RolloutTrace
+from grpo_service.tracing.writer import TraceWriter
 from inference import LLMCall
 
 TOOL = {
@@ -193,3 +197,32 @@ def synthetic_trace(
         finished_at=time.time(),
         decisions=decisions,
     )
+
+
+async def write_synthetic_db(path: Path, rollouts: int, *, turns: int = 16, seed: int = 0) -> None:
+    """``rollouts`` synthetic rollouts (mixed models, rewards, achievements, stop reasons, groups)."""
+    rng = random.Random(seed)
+    models = ["Qwen/Qwen3-4B", "Qwen/Qwen3-1.7B", "ft:qwen3-4b:sft-1"]
+    names = ["collect_wood", "place_table", "collect_sapling", "wake_up", "eat_cow", "collect_drink"]
+    writer = TraceWriter(path, queue_size=1024, max_batch=256, close_timeout_s=600.0)
+    await writer.start()
+    for i in range(rollouts):
+        while writer.stats()["queued"] >= 768:  # never drop: wait for the writer to catch up
+            await asyncio.sleep(0.01)
+        n = rng.randint(3, turns)
+        unlocks = {rng.randrange(n): [name] for name in names if rng.random() < 0.3}
+        writer.submit(
+            synthetic_trace(
+                f"synthetic-{i:05d}",
+                turns=n,
+                seed=rng.randrange(1000),
+                model=rng.choice(models),
+                unlocks=unlocks,
+                error_turn=n - 1 if rng.random() < 0.1 else None,
+                group_id=f"synthetic-group-{i // 8}",
+                group_index=i % 8,
+                with_tokens=False,
+                history_window=1,
+            )
+        )
+    await writer.close()

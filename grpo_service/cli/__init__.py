@@ -14,11 +14,14 @@ import typer
 
 # Each command module imports only typer at the top (the rest inside the command), so that
 # `grpo-service --help` starts in a fraction of a second (tests/test_cli_startup.py).
-from grpo_service.cli.eval import eval_command
+from grpo_service.cli.eval import eval_command, eval_report_command
 from grpo_service.cli.export import export_command
+from grpo_service.cli.model import init_model_command, serve_model_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
 from grpo_service.cli.traces import traces_app
+from grpo_service.cli.train import train_command
+from grpo_service.cli.view import view_command
 
 app = typer.Typer(
     name="grpo-service",
@@ -32,8 +35,13 @@ app = typer.Typer(
 app.command("serve")(serve_command)
 app.command("rollout")(rollout_command)
 app.command("eval")(eval_command)
+app.command("eval-report")(eval_report_command)
 app.command("export-sft")(export_command)
 app.add_typer(traces_app, name="traces")
+app.command("view")(view_command)
+app.command("init-model")(init_model_command)
+app.command("serve-model")(serve_model_command)
+app.command("train")(train_command)
 
 
 def _register_optional(name: str, module: str, attr: str) -> None:

@@ -88,6 +88,12 @@ def eval_command(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the aggregate + episodes here.")
     ] = None,
+    report_out: Annotated[
+        Path | None, typer.Option("--report", dir_okay=False, help="Write an HTML report with charts here.")
+    ] = None,
+    viewer_url: Annotated[
+        str | None, typer.Option(help="Trace viewer the report links to [default: BASE_URL/viewer].")
+    ] = None,
 ) -> None:
     """Evaluate a model/policy over N episodes of an environment through /rollout.
 
@@ -155,15 +161,49 @@ def eval_command(
 
     summary = aggregate(results, environment_metrics(config.env_name))
     console.print(summary_table(summary))
+    report = {
+        "aggregate": summary,
+        "config": redact(config.model_dump()),
+        "episodes": [r.model_dump() for r in results],
+    }
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
-        report = {
-            "aggregate": summary,
-            "config": redact(config.model_dump()),
-            "episodes": [r.model_dump() for r in results],
-        }
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
+    if report_out is not None:
+        from grpo_service.eval_report import write_report
+
+        viewer = viewer_url or config.base_url.rstrip("/") + "/viewer"
+        console.print(f"wrote {write_report(report_out, report, viewer_url=viewer)}")
     if summary["total"] and not summary["completed"]:
         console.print("[red]no episode completed[/]: see the failures above")
         raise typer.Exit(1)
+
+
+def eval_report_command(
+    eval_json: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="What `eval --json` wrote.")],
+    out: Annotated[Path, typer.Option("--out", "-o", dir_okay=False, help="HTML file to write.")] = Path(
+        "report.html"
+    ),
+    viewer_url: Annotated[str | None, typer.Option(help="Trace viewer the report links to.")] = None,
+) -> None:
+    """Turn an `eval --json` result into the HTML report (charts embedded, one file)."""
+    from rich.console import Console
+
+    from grpo_service.eval_report import write_report
+
+    console = Console()
+    try:
+        result = json.loads(eval_json.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        console.print(f"[red]{eval_json} is not JSON:[/] {exc}")
+        raise typer.Exit(2) from None
+    aggregate = result.get("aggregate", result.get("summary")) if isinstance(result, dict) else None
+    if not isinstance(aggregate, dict):
+        console.print(
+            f"[red]{eval_json} is not an eval result[/] (no aggregate): write one with `eval --json`"
+        )
+        raise typer.Exit(2)
+    if viewer_url is None and isinstance(result.get("config"), dict) and result["config"].get("base_url"):
+        viewer_url = str(result["config"]["base_url"]).rstrip("/") + "/viewer"
+    console.print(f"wrote {write_report(out, result, viewer_url=viewer_url)}")

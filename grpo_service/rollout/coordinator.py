@@ -149,6 +149,7 @@ class RolloutCoordinator:
             started_at=started_wall,
             finished_at=time.time(),
             decisions=loop.decisions,
+            env_config=self.envs.config(env),
         )
         if req.record.return_trace:
             response.trace = trace.to_dict()

@@ -58,6 +58,7 @@ def llm_record(call: LLMCall | None, with_tokens: bool) -> LLMCallRecord | None:
         completion_token_ids=call.completion_token_ids if with_tokens else None,
         completion_logprobs=call.completion_logprobs if with_tokens else None,
         error=call.error,
+        weights_version=call.weights_version,
     )
 
 
@@ -122,6 +123,7 @@ def metrics(
     achievements = sorted({a for ep in episodes for a in ep.achievements})
     calls = [d.decision.llm_call for d in decisions if d.decision.llm_call is not None]
     usage = [c.usage or {} for c in calls]
+    versions = [c.weights_version for c in calls if c.weights_version is not None]
     return RolloutMetrics(
         episode_returns=returns,
         mean_return=(sum(returns) / len(returns)) if returns else 0.0,
@@ -137,6 +139,8 @@ def metrics(
         prompt_tokens=sum(int(u.get("prompt_tokens") or 0) for u in usage),
         completion_tokens=sum(int(u.get("completion_tokens") or 0) for u in usage),
         llm_calls_without_tokens=sum(1 for c in calls if _untrainable(c)) if with_tokens else 0,
+        weights_version=min(versions, default=None),
+        weights_version_max=max(versions, default=None),
     )
 
 

@@ -181,6 +181,11 @@ class PeerForwarder:
             self.loads = None
 
 
+# Served alike by every worker (the viewer reads the trace DB they share): never forwarded, even
+# when a path names an id (a group id) that a worker issued.
+LOCAL_PATHS = ("/viewer",)
+
+
 class PeerRouter:
     """ASGI middleware: requests for a sibling's ids go to that sibling (see the module doc)."""
 
@@ -189,7 +194,11 @@ class PeerRouter:
         self.forwarder = forwarder
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or any(k == FORWARDED_BY for k, _ in scope["headers"]):
+        if (
+            scope["type"] != "http"
+            or any(k == FORWARDED_BY for k, _ in scope["headers"])
+            or scope["path"].startswith(LOCAL_PATHS)
+        ):
             await self.app(scope, receive, send)  # a forwarded request is never forwarded again
             return
         forwarder = self.forwarder

@@ -51,6 +51,24 @@ def connect(path: str | Path, *, migrate: bool = True) -> sqlite3.Connection:
     return conn
 
 
+# The turns of a session with their LLM call and env step, if any (aliases t, l, e).
+TURNS_JOINED = """FROM turns t
+               LEFT JOIN llm_calls l ON l.session_id = t.session_id AND l.turn = t.turn
+               LEFT JOIN env_steps e ON e.session_id = t.session_id AND e.turn = t.turn"""
+MESSAGE_COLUMNS = "idx, role, content, tool_calls, tool_call_id, name, extra"
+
+
+def message_from_row(row: sqlite3.Row) -> dict[str, Any]:
+    """A chat message exactly as it was sent, from a ``messages`` row (`MESSAGE_COLUMNS`)."""
+    columns = {
+        "content": row["content"],
+        "tool_calls": loads(row["tool_calls"]),
+        "tool_call_id": row["tool_call_id"],
+        "name": row["name"],
+    }
+    return join_message(row["role"], columns, loads(row["extra"]))
+
+
 def _session(row: sqlite3.Row) -> dict[str, Any]:
     out = dict(row)
     for key in SESSION_JSON:
@@ -112,20 +130,9 @@ class TraceReader:
 
     def messages(self, session_id: str) -> dict[int, dict[str, Any]]:
         rows = self.conn.execute(
-            "SELECT idx, role, content, tool_calls, tool_call_id, name, extra FROM messages "
-            "WHERE session_id = ? ORDER BY idx",
-            (session_id,),
+            f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE session_id = ? ORDER BY idx", (session_id,)
         )
-        out: dict[int, dict[str, Any]] = {}
-        for r in rows:
-            columns = {
-                "content": r["content"],
-                "tool_calls": loads(r["tool_calls"]),
-                "tool_call_id": r["tool_call_id"],
-                "name": r["name"],
-            }
-            out[r["idx"]] = join_message(r["role"], columns, loads(r["extra"]))
-        return out
+        return {r["idx"]: message_from_row(r) for r in rows}
 
     def turns(self, session_id: str) -> list[dict[str, Any]]:
         """Every decision of a session with its prompt, reply, LLM call and env step."""
@@ -139,10 +146,9 @@ class TraceReader:
                       l.completion_logprobs,
                       e.turn IS NOT NULL AS has_env_step, e.actions, e.actions_executed, e.reward, e.done,
                       e.truncated, e.step_idx, e.achievements_unlocked, e.env_ms
-               FROM turns t
-               LEFT JOIN llm_calls l ON l.session_id = t.session_id AND l.turn = t.turn
-               LEFT JOIN env_steps e ON e.session_id = t.session_id AND e.turn = t.turn
-               WHERE t.session_id = ? ORDER BY t.turn""",
+               """
+            + TURNS_JOINED
+            + " WHERE t.session_id = ? ORDER BY t.turn",
             (session_id,),
         )
         out = []

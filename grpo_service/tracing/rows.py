@@ -268,7 +268,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
             request.rl_run_id,
             request.mode,
             trace.env_name,
-            dumps(redact(request.env.config)),
+            dumps(redact(trace.env_config if trace.env_config is not None else request.env.config)),
             trace.seed,
             trace.policy_name,
             dumps(redact(trace.policy_config)),

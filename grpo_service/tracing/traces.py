@@ -34,6 +34,8 @@ class RolloutTrace:
     started_at: float
     finished_at: float
     decisions: list[DecisionTrace] = field(default_factory=list)
+    # The config the env was built with (a group member's request only names an adopted env).
+    env_config: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """A compact JSON form: per turn, the messages sent and the reply (for ``return_trace``)."""

@@ -1,0 +1,89 @@
+"""``grpo-service init-model`` and ``grpo-service serve-model``: a small causal LM made here, and
+a CPU model server in vLLM's shape for it (or for any local transformers checkpoint)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def init_model_command(
+    out: Annotated[Path, typer.Argument(file_okay=False, help="Directory to write the checkpoint to.")],
+    corpus: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--corpus", exists=True, dir_okay=False, help="Chat JSONL (e.g. export-sft output) to add."
+        ),
+    ] = None,
+    corpus_seeds: Annotated[int, typer.Option(min=1, help="Seeds per environment for the corpus.")] = 3,
+    env: Annotated[
+        list[str] | None, typer.Option("--env", help="Environments whose text to use (default: all).")
+    ] = None,
+    vocab_size: Annotated[int, typer.Option(min=300, help="BPE vocabulary size (at most).")] = 4096,
+    hidden_size: Annotated[int, typer.Option(min=16)] = 192,
+    layers: Annotated[int, typer.Option(min=1)] = 4,
+    heads: Annotated[int, typer.Option(min=1)] = 6,
+    kv_heads: Annotated[int, typer.Option(min=1)] = 2,
+    intermediate_size: Annotated[int, typer.Option(min=16)] = 512,
+    max_positions: Annotated[int, typer.Option(min=64, help="Context length.")] = 4096,
+    seed: Annotated[int, typer.Option(min=0, help="Initialization seed.")] = 0,
+) -> None:
+    """Make a small Qwen2 model here: a tokenizer trained on the environments' text, random weights."""
+    from training.llm.model import ModelSpec, environment_corpus, init_model, jsonl_corpus
+
+    if hidden_size % heads or heads % kv_heads:
+        raise typer.BadParameter("hidden-size must divide by heads, and heads by kv-heads")
+    texts = list(environment_corpus(seeds=corpus_seeds, env_names=env))
+    if corpus:
+        texts.extend(jsonl_corpus(corpus))
+    spec = ModelSpec(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        intermediate_size=intermediate_size,
+        max_positions=max_positions,
+        seed=seed,
+    )
+    info = init_model(out, texts, spec)
+    console.print(
+        f"[green]model[/] {out}: {info['parameters']:,} parameters, vocabulary {info['vocab_size']:,} "
+        f"(tokenizer trained on {len(texts):,} texts, {sum(map(len, texts)):,} characters)"
+    )
+
+
+def serve_model_command(
+    path: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="A local checkpoint directory.")],
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8001,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model name clients use (default: the directory's name).")
+    ] = None,
+    max_batch_rows: Annotated[
+        int, typer.Option(min=1, help="Most sequences decoded together (requests x n).")
+    ] = 32,
+    threads: Annotated[
+        int, typer.Option(min=1, help="torch threads (1 is fastest on a shared or small CPU).")
+    ] = 1,
+) -> None:
+    """Serve a checkpoint on the CPU with vLLM's chat API, token ids, logprobs and weight reloads."""
+    import torch
+    import uvicorn
+
+    from training.llm.server import ModelEngine, create_model_app
+
+    torch.set_num_threads(threads)
+    engine = ModelEngine(path, max_batch_rows=max_batch_rows, served_name=served_model_name)
+    console.print(f"serving [bold]{engine.served_name}[/] from {path} on http://{host}:{port}/v1")
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.run(create_model_app(engine), host=host, port=port, log_level="warning")
+    finally:
+        engine.close()

@@ -1,0 +1,49 @@
+"""Wires the LLM trainers of `training.llm` to the task app: `TaskAppClient` is the service's
+HTTP client in the shape the GRPO loop asks for (`training.llm.rl.TaskApp`). The ``rl`` job
+(``grpo-service train --type rl`` and ``POST /train``) runs through `train_rl_job`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import httpx
+
+from grpo_service.client import acall, headers, timeout
+from training.llm.config import RLConfig
+
+
+class TaskAppClient:
+    """``POST /rollout/group`` with the API key, a deadline and retries on 429/503.
+
+    One `httpx.AsyncClient` per event loop (the trainer runs one loop per step)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, read_timeout_s: float = 900.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.read_timeout_s = read_timeout_s
+
+    async def rollout_group(self, body: dict[str, Any]) -> dict[str, Any]:
+        async with httpx.AsyncClient(
+            base_url=self.base_url, headers=headers(self.api_key), timeout=timeout(self.read_timeout_s)
+        ) as client:
+            return await acall(client, "POST", "/rollout/group", json=body, attempts=4)
+
+    def info(self) -> dict[str, Any]:
+        return asyncio.run(self._get("/info"))
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        async with httpx.AsyncClient(
+            base_url=self.base_url, headers=headers(self.api_key), timeout=30
+        ) as client:
+            return await acall(client, "GET", path)
+
+
+def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
+    """The ``rl`` job: GRPO against the task app named in the config (key: config, else env)."""
+    from training.llm.rl import train_rl
+
+    key = config.task_app_api_key or os.environ.get("ENVIRONMENT_API_KEY")
+    client = TaskAppClient(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
+    return train_rl(config, ctx, task_app=client)

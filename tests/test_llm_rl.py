@@ -1,0 +1,94 @@
+"""The GRPO loop's batch: rewards, group advantages, token samples, staleness and counting."""
+
+from __future__ import annotations
+
+import pytest
+
+from training.llm.config import RLConfig
+from training.llm.rl import build_batch, group_request, member_reward
+
+
+def step(turn: int, version: int | None = 3, tokens: bool = True) -> dict:
+    llm = {
+        "prompt_token_ids": [1, 2, 3] if tokens else None,
+        "completion_token_ids": [7, 8] if tokens else None,
+        "completion_logprobs": [-0.5, -0.25] if tokens else None,
+        "weights_version": version,
+    }
+    return {"turn": turn, "llm": llm}
+
+
+def member(run_id: str, rewards: list[float], steps: list[dict], stop: str = "completed") -> dict:
+    result = {
+        "stop_reason": stop,
+        "trajectories": [
+            {"total_reward": r, "steps": steps if i == 0 else []} for i, r in enumerate(rewards)
+        ],
+    }
+    return {"run_id": run_id, "status": "completed", "result": result}
+
+
+CONFIG = RLConfig(model="m", out="o")
+
+
+def test_advantages_are_group_relative_and_every_decision_is_a_sample() -> None:
+    groups = [
+        {"members": [member("a.0", [1.0], [step(0), step(1)]), member("a.1", [0.0], [step(0)])]},
+        {"members": [member("b.0", [2.0], [step(0)]), member("b.1", [2.0], [step(0)])]},  # all equal
+    ]
+    batch = build_batch(groups, CONFIG, version=3)
+    assert batch.rewards == [1.0, 0.0, 2.0, 2.0] and batch.group_ids == [0, 0, 1, 1]
+    assert batch.stats["groups"] == 2 and batch.stats["groups_all_equal"] == 1
+    assert [(s.run_id, s.turn) for s in batch.samples] == [("a.0", 0), ("a.0", 1), ("a.1", 0)]
+    adv = [s.advantage for s in batch.samples]
+    assert adv[0] == adv[1] > 0 > adv[2] and adv[0] == pytest.approx(-adv[2])
+    assert batch.stats["zero_advantage_samples"] == 2  # the all-equal group contributes nothing
+    s = batch.samples[0]
+    assert s.prompt_ids == [1, 2, 3] and s.completion_ids == [7, 8] and s.old_logprobs == [-0.5, -0.25]
+
+
+def test_stale_untokenized_and_failed_are_dropped_and_counted() -> None:
+    failed = {"run_id": "a.2", "status": "failed", "result": None, "error": "boom"}
+    groups = [
+        {
+            "members": [
+                member("a.0", [1.0], [step(0, version=1), step(1, version=3)]),
+                member("a.1", [0.0], [step(0, tokens=False)]),
+                failed,
+            ]
+        }
+    ]
+    batch = build_batch(groups, CONFIG, version=3)
+    assert batch.stats["members_failed"] == 1 and batch.stats["stale_samples"] == 1
+    assert batch.stats["decisions_without_tokens"] == 1
+    assert [(s.run_id, s.turn) for s in batch.samples] == [("a.0", 1)]
+    lenient = build_batch(groups, CONFIG.model_copy(update={"max_staleness": 2}), version=3)
+    assert len(lenient.samples) == 2
+
+
+def test_format_penalty_and_rewards_summed_over_episodes() -> None:
+    assert member_reward(member("x", [1.0, 0.5], [])["result"]) == 1.5
+    broken = member("x", [0.0], [], stop="policy_error:no_tool_call")["result"]
+    assert member_reward(broken) == 0.0 and member_reward(broken, 0.5) == -0.5
+
+
+def test_group_request_points_the_policy_at_the_model_server() -> None:
+    config = RLConfig(
+        model="m",
+        out="o",
+        model_server_url="http://127.0.0.1:9",
+        policy_config={"temperature": 1.0},
+        env_name="babyai",
+        env_config={"level": 1},
+        group_size=3,
+        max_turns=7,
+    )
+    body = group_request(config, seed=42, served_model="tiny", step=2, index=1)
+    assert body["policy"]["config"] == {
+        "temperature": 1.0,
+        "inference_url": "http://127.0.0.1:9",
+        "model": "tiny",
+    }
+    assert body["env"] == {"env_name": "babyai", "seed": 42, "config": {"level": 1}}
+    assert body["mode"] == "rl" and body["record"]["logprobs"] is True and body["group_size"] == 3
+    assert body["group_id"].startswith("grpo-s2-g1-")

@@ -1,0 +1,109 @@
+"""SFT on chat JSONL: assistant-only loss, checkpoints, exact resume, metrics and curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.llm_helpers import make_tiny_model
+from training.llm.config import SFTConfig
+from training.llm.model import load
+from training.llm.run import ConfigError, load_config
+from training.llm.sft import load_examples, train_sft
+
+TOOLS = [{"type": "function", "function": {"name": "act", "parameters": {"type": "object"}}}]
+
+
+class StopAfter:
+    """A job context that asks the run to stop after ``n`` reported steps."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.reports = n, []
+
+    def report(self, current: int, total: int, metrics: dict) -> None:
+        self.reports.append((current, total, metrics))
+
+    def stop_reason(self) -> str | None:
+        return "stopped" if len(self.reports) >= self.n else None
+
+
+def example(i: int) -> dict:
+    call = {
+        "id": f"c{i}",
+        "type": "function",
+        "function": {"name": "act", "arguments": json.dumps({"action": ["left", "right"][i % 2]})},
+    }
+    return {
+        "messages": [
+            {"role": "system", "content": "Pick a side."},
+            {"role": "user", "content": f"The coin is {['left', 'right'][i % 2]}."},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+        ],
+        "tools": TOOLS,
+    }
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    root = tmp_path_factory.mktemp("sft")
+    data = root / "data.jsonl"
+    rows = [example(i) for i in range(12)] + [{"messages": [{"role": "user", "content": "no answer"}]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows) + "not json\n")
+    return make_tiny_model(root / "model", [json.dumps(r) for r in rows]), data
+
+
+def test_loss_is_on_assistant_tokens_only(setup) -> None:
+    model_dir, data = setup
+    _, tokenizer = load(model_dir)
+    examples, skipped = load_examples(data, tokenizer, max_length=4096)
+    assert len(examples) == 12 and skipped == {"no_assistant_tokens": 1, "invalid: JSONDecodeError": 1}
+    first = examples[0]
+    trained = tokenizer.decode([t for t, m in zip(first.input_ids, first.assistant_mask, strict=True) if m])
+    assert trained == '<tool_call>{"name": "act", "arguments": {"action": "left"}}</tool_call><|im_end|>'
+    assert load_examples(data, tokenizer, max_length=20)[1]["too_long"] == 12
+
+
+def test_sft_learns_checkpoints_and_resumes_exactly(setup, tmp_path: Path) -> None:
+    model_dir, data = setup
+    base = {
+        "model": str(model_dir),
+        "dataset": str(data),
+        "batch_size": 4,
+        "lr": 1e-2,
+        "save_every": 2,
+        "threads": 1,
+        "epochs": 2,
+    }
+    whole = train_sft(SFTConfig(**base, out=str(tmp_path / "whole")))
+    assert whole["steps"] == 6 and whole["last_loss"] < whole["first_loss"]
+    run = tmp_path / "whole"
+    assert (run / "curves.png").stat().st_size > 1000 and (run / "final" / "config.json").exists()
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step-4", "step-6"]  # keeps 2
+    lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in lines] == [1, 2, 3, 4, 5, 6] and all(m["assistant_tokens"] > 0 for m in lines)
+
+    # Stopped after 2 steps (as a job is), then run again: it resumes and ends where `whole` did.
+    train_sft(SFTConfig(**base, out=str(tmp_path / "split")), StopAfter(2))
+    assert (tmp_path / "split" / "checkpoints" / "step-2").is_dir()
+    resumed = train_sft(SFTConfig(**base, out=str(tmp_path / "split")))
+    assert resumed["steps"] == 6
+    a = load_file(run / "final" / "model.safetensors")
+    b = load_file(tmp_path / "split" / "final" / "model.safetensors")
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    split_lines = (tmp_path / "split" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(x)["step"] for x in split_lines] == [1, 2, 3, 4, 5, 6]
+
+
+def test_config_errors_name_the_field(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[sft]\nmodel = "m"\nlr = -1\nbogus = 1\n')
+    with pytest.raises(ConfigError, match="lr") as info:
+        load_config(SFTConfig, bad, "sft")
+    assert "bogus" in str(info.value)
+    bad.write_text("model = \n")
+    with pytest.raises(ConfigError, match="bad.toml"):
+        load_config(SFTConfig, bad, "sft")

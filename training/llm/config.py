@@ -1,0 +1,101 @@
+"""The configs of the LLM training jobs (``sft`` and ``rl``). Importing this module does not
+import torch: the service validates job configs in its own process."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        description="The start checkpoint: a local directory (init-model output or a real one)."
+    )
+    out: str | None = Field(
+        default=None,
+        description="The run directory (metrics.jsonl, curves.png, checkpoints/, final/). "
+        "Default: the job's models directory / model name.",
+    )
+    seed: int = 0
+    threads: int = Field(default=1, ge=1, le=256, description="torch threads (1 is fastest on a busy CPU).")
+    save_every: int = Field(default=50, ge=1, description="Checkpoint every N steps (and at the end).")
+    keep_checkpoints: int = Field(default=2, ge=1)
+    grad_clip: float = Field(default=1.0, gt=0)
+
+
+class SFTConfig(_Config):
+    """Supervised fine-tuning on chat JSONL (``export-sft`` output), loss on assistant tokens."""
+
+    dataset: str | None = Field(default=None, description="Chat JSONL (the --dataset flag sets it).")
+    epochs: int = Field(default=1, ge=1, le=10_000)
+    max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
+    batch_size: int = Field(default=4, ge=1, le=4096)
+    lr: float = Field(default=5e-4, gt=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0)
+    max_length: int = Field(default=4096, ge=8, description="Longer examples are skipped (counted).")
+
+
+class RLConfig(_Config):
+    """GRPO against the task app, sampling from a model server (``serve-model``, or vLLM)."""
+
+    task_app_url: str = Field(
+        default="http://127.0.0.1:8000", description="The task app (grpo-service serve)."
+    )
+    task_app_api_key: str | None = Field(default=None, description="Default: ENVIRONMENT_API_KEY.")
+    model_server_url: str = Field(
+        default="http://127.0.0.1:8001",
+        description="serve-model serving `model`: the policy's inference URL.",
+    )
+    env_name: str = "crafter"
+    env_config: dict[str, Any] = Field(default_factory=dict)
+    policy_name: str = "crafter-react"
+    policy_config: dict[str, Any] = Field(
+        default_factory=dict, description="inference_url and model are set to the model server's."
+    )
+    seeds: list[int] = Field(
+        default_factory=list, description="Start seeds, cycled; empty: seed_base, seed_base + 1, ..."
+    )
+    seed_base: int = Field(default=0, ge=0)
+    steps: int = Field(default=10, ge=1, le=1_000_000)
+    groups_per_step: int = Field(default=2, ge=1, le=1024, description="B: starts per step.")
+    group_size: int = Field(default=4, ge=2, le=256, description="G: rollouts per start.")
+    max_turns: int = Field(default=10, ge=1, le=100_000)
+    rollout_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
+    lr: float = Field(default=1e-5, gt=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    clip_eps_high: float | None = Field(
+        default=None, gt=0, description="DAPO's clip-higher; default clip_eps."
+    )
+    kl_coef: float = Field(
+        default=0.0, ge=0, description="KL (k3) to the start model; 0: no reference model."
+    )
+    scale_by_std: bool = Field(default=True, description="False: Dr. GRPO's R - mean advantages.")
+    aggregation: Literal["token", "sequence"] = "token"
+    updates_per_step: int = Field(default=1, ge=1, le=64, description="Optimizer steps on each batch.")
+    micro_batch: int = Field(default=8, ge=1, le=4096, description="Sequences per forward pass.")
+    max_staleness: int = Field(
+        default=0, ge=0, description="Keep samples drawn from weights at most this many versions old."
+    )
+    success_reward: float = Field(default=1.0, description="A rollout whose reward reaches this succeeded.")
+    format_penalty: float = Field(
+        default=0.0,
+        ge=0,
+        description="Subtracted from the reward of a rollout that ended in a policy error (no tool call, "
+        "invalid action): a format reward, the signal a model that cannot yet act needs first.",
+    )
+    fidelity_tolerance: float = Field(
+        default=1e-3, gt=0, description="Warn when server and trainer logprobs differ by more."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RLConfig:
+        if self.policy_config.get("api_key"):
+            raise ValueError(
+                "policy_config.api_key: use the model server without a key, or set it on the server"
+            )
+        return self

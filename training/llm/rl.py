@@ -1,0 +1,392 @@
+"""GRPO for an LLM agent against the task app.
+
+Each step asks the task app for ``groups_per_step`` GRPO groups of ``group_size`` rollouts
+(``/rollout/group``, mode ``rl``), sampled by the model server that serves the current weights.
+A rollout's reward is the sum of its trajectories' rewards; advantages are group-relative
+(`training.grpo.group_advantages`; groups whose rewards are all equal carry no signal and are
+counted). Every decision of a rollout becomes one training sequence made of the server's own
+token ids (prompt + completion, never re-tokenized) with a mask over the completion, the
+sampler's logprobs as the old policy, and the rollout's advantage. The clipped objective is
+`training.grpo.policy_loss` (optionally with a k3 KL to the start model). After the update the
+weights are saved and pushed to the model server, whose weights version then advances; samples
+drawn from older weights than ``max_staleness`` allows are dropped and counted.
+
+Before the first update on a batch, the trainer's logprobs are recomputed under the weights that
+sampled it: their largest difference from the server's is logged every step
+(``logprob_max_abs_diff``), the check that sampler and trainer agree.
+
+`training` never imports `grpo_service`: the task app comes in as any object with
+``rollout_group(body) -> dict`` (`TaskApp`); the CLI and the job API wire the service's HTTP client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+import shutil
+import statistics
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+import torch
+
+from training.grpo import group_advantages, policy_loss
+from training.llm.config import RLConfig
+from training.llm.logprobs import TokenBatch, token_logprobs
+from training.llm.model import load
+from training.llm.run import RunDir, rng_state, save_weights, set_rng_state
+
+
+class TaskApp(Protocol):
+    """What the trainer needs of the task app: one GRPO group per call (``POST /rollout/group``)."""
+
+    async def rollout_group(self, body: dict[str, Any]) -> dict[str, Any]: ...
+
+
+class ModelServer:
+    """The model server's two training routes: what it serves, and loading new weights."""
+
+    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.timeout_s = timeout_s
+
+    def served(self) -> dict[str, Any]:
+        r = httpx.get(f"{self.base_url}/v1/models", timeout=30)
+        r.raise_for_status()
+        return r.json()["data"][0]
+
+    def load_weights(self, path: Path) -> int:
+        r = httpx.post(f"{self.base_url}/v1/load_weights", json={"path": str(path)}, timeout=self.timeout_s)
+        if r.status_code != 200:
+            raise RuntimeError(
+                f"the model server refused the weights at {path}: {r.status_code} {r.text[:300]}"
+            )
+        return int(r.json()["weights_version"])
+
+
+@dataclass
+class Sample:
+    """One decision to train on: the server's token ids and logprobs and its rollout's advantage."""
+
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    old_logprobs: list[float]
+    advantage: float
+    group: int
+    member: int
+    weights_version: int | None
+    run_id: str
+    turn: int
+
+
+@dataclass
+class Batch:
+    samples: list[Sample]
+    rewards: list[float]
+    group_ids: list[int]
+    stats: Counter[str]
+
+
+# ----------------------------------------------------------------------------- the rollouts
+
+
+def group_request(config: RLConfig, seed: int, served_model: str, step: int, index: int) -> dict[str, Any]:
+    policy_config = {
+        **config.policy_config,
+        "inference_url": config.model_server_url,
+        "model": served_model,
+    }
+    return {
+        "group_id": f"grpo-s{step}-g{index}-{random.getrandbits(32):08x}",
+        "group_size": config.group_size,
+        "env": {"env_name": config.env_name, "seed": seed, "config": config.env_config},
+        "policy": {"policy_name": config.policy_name, "config": policy_config},
+        "max_turns": config.max_turns,
+        "on_done": "terminate",
+        "mode": "rl",
+        "record": {"logprobs": True, "observations": False},
+        "safety": {"max_time_s": config.rollout_timeout_s},
+    }
+
+
+def member_reward(result: dict[str, Any], format_penalty: float = 0.0) -> float:
+    """The rollout's return, minus ``format_penalty`` if the policy failed to act."""
+    reward = float(sum(t["total_reward"] for t in result["trajectories"]))
+    if str(result.get("stop_reason", "")).startswith("policy_error:"):
+        reward -= format_penalty
+    return reward
+
+
+def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
+    """Advantages from the members' rewards, and one sample per recorded decision."""
+    stats: Counter[str] = Counter()
+    rewards: list[float] = []
+    group_ids: list[int] = []
+    decisions: list[tuple[int, int, str, dict[str, Any]]] = []  # (row in rewards, group, run id, step)
+    for g, group in enumerate(groups):
+        for member in group["members"]:
+            result = member.get("result")
+            if member["status"] == "failed" or result is None:
+                stats["members_failed"] += 1
+                continue
+            rewards.append(member_reward(result, config.format_penalty))
+            group_ids.append(g)
+            for trajectory in result["trajectories"]:
+                for step in trajectory["steps"]:
+                    if step.get("llm") is not None:
+                        decisions.append((len(rewards) - 1, g, member["run_id"], step))
+    adv = group_advantages(rewards, group_ids, scale_by_std=config.scale_by_std) if rewards else None
+    stats["groups"] = len(groups)
+    stats["groups_all_equal"] = adv.degenerate_groups if adv is not None else 0
+    samples: list[Sample] = []
+    for row, g, run_id, step in decisions:
+        llm = step["llm"]
+        ids, completion, logprobs = (
+            llm.get("prompt_token_ids"),
+            llm.get("completion_token_ids"),
+            llm.get("completion_logprobs"),
+        )
+        if not ids or not completion or logprobs is None or len(completion) != len(logprobs):
+            stats["decisions_without_tokens"] += 1
+            continue
+        sampled_by = llm.get("weights_version")
+        if sampled_by is not None and version - sampled_by > config.max_staleness:
+            stats["stale_samples"] += 1
+            continue
+        advantage = float(adv.advantages[row]) if adv is not None else 0.0
+        if advantage == 0.0 and config.kl_coef == 0:  # no gradient at all
+            stats["zero_advantage_samples"] += 1
+            continue
+        samples.append(Sample(ids, completion, logprobs, advantage, g, row, sampled_by, run_id, step["turn"]))
+    return Batch(samples, rewards, group_ids, stats)
+
+
+# ------------------------------------------------------------------------------- the update
+
+
+def _micro_batches(samples: list[Sample], size: int, pad_id: int) -> list[tuple[list[Sample], TokenBatch]]:
+    out = []
+    for i in range(0, len(samples), size):
+        chunk = samples[i : i + size]
+        tokens = TokenBatch.build([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], pad_id)
+        out.append((chunk, tokens))
+    return out
+
+
+def _aligned_old_logprobs(chunk: list[Sample], tokens: TokenBatch) -> torch.Tensor:
+    old = torch.zeros_like(tokens.completion_mask)
+    for row, s in enumerate(chunk):
+        start = len(s.prompt_ids)
+        old[row, start : start + len(s.completion_ids)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
+    return old
+
+
+def update(
+    model: Any,
+    ref_model: Any | None,
+    optimizer: torch.optim.Optimizer,
+    samples: list[Sample],
+    config: RLConfig,
+    pad_id: int,
+) -> dict[str, float]:
+    """``updates_per_step`` optimizer steps on the batch; the metrics of the last, and the
+    fidelity of the first forward pass (before any step: the weights that sampled the batch)."""
+    batches = _micro_batches(samples, config.micro_batch, pad_id)
+    total_tokens = sum(float(t.completion_mask.sum()) for _, t in batches)
+    ref_lp: list[torch.Tensor | None] = []
+    for _, tokens in batches:
+        if ref_model is not None:
+            with torch.no_grad():
+                ref_lp.append(token_logprobs(ref_model, tokens))
+        else:
+            ref_lp.append(None)
+    fidelity: list[float] = []
+    metrics: dict[str, float] = {}
+    for epoch in range(config.updates_per_step):
+        optimizer.zero_grad(set_to_none=True)
+        sums: Counter[str] = Counter()
+        for (chunk, tokens), ref in zip(batches, ref_lp, strict=True):
+            new = token_logprobs(model, tokens)
+            old = _aligned_old_logprobs(chunk, tokens)
+            mask = tokens.completion_mask
+            if epoch == 0:
+                diff = ((new.detach() - old).abs() * mask).max()
+                fidelity.append(float(diff))
+            advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32)
+            result = policy_loss(
+                new,
+                old,
+                advantages,
+                mask,
+                clip_eps=config.clip_eps,
+                clip_eps_high=config.clip_eps_high,
+                ref_logprobs=ref,
+                kl_coef=config.kl_coef,
+                aggregation=config.aggregation,
+            )
+            share = (
+                float(mask.sum()) / total_tokens
+                if config.aggregation == "token"
+                else len(chunk) / len(samples)
+            )
+            (result.loss * share).backward()
+            for key, value in result.metrics().items():
+                sums[key] += value * share
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip))
+        optimizer.step()
+        metrics = {k: round(v, 6) for k, v in sums.items()}
+        metrics["grad_norm"] = round(grad_norm, 6)
+    metrics["logprob_max_abs_diff"] = max(fidelity) if fidelity else 0.0
+    metrics["trained_tokens"] = int(total_tokens)
+    return metrics
+
+
+# --------------------------------------------------------------------------------- the loop
+
+
+def _seed(config: RLConfig, step: int, index: int) -> int:
+    k = step * config.groups_per_step + index
+    return config.seeds[k % len(config.seeds)] if config.seeds else config.seed_base + k
+
+
+async def collect(task_app: TaskApp, config: RLConfig, step: int, served: str) -> list[dict[str, Any]]:
+    bodies = [
+        group_request(config, _seed(config, step, i), served, step, i) for i in range(config.groups_per_step)
+    ]
+    return list(await asyncio.gather(*(task_app.rollout_group(b) for b in bodies)))
+
+
+def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: Any = None) -> dict[str, Any]:
+    """Run ``config.steps`` GRPO steps (resuming from the run's latest checkpoint)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = console or Console()
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    random.seed(config.seed)
+    run = RunDir(config.out or Path(ctx.models_dir) / ctx.model_name)
+    server = ModelServer(config.model_server_url)
+    checkpoint = run.latest_checkpoint()
+    model, tokenizer = load(checkpoint or config.model)
+    model.train()
+    ref_model = load(config.model)[0] if config.kl_coef > 0 else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    step = 0
+    # The server must serve the weights we train: push them once at the start (or on resume).
+    weights_dir = run.out / "weights"
+    start_weights = (
+        save_weights(weights_dir / "step-0", model, tokenizer) if checkpoint is None else checkpoint
+    )
+    if checkpoint is not None:
+        state = run.load_state(checkpoint)
+        optimizer.load_state_dict(state["optimizer"])
+        set_rng_state(state["rng"])
+        step = state["step"]
+        run.truncate_metrics(step)
+        console.print(f"resuming from {checkpoint} (step {step} of {config.steps})")
+    version = server.load_weights(start_weights)
+    served = server.served()["id"]
+    first_version = version
+    totals: Counter[str] = Counter()
+    columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"))
+    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+        task = progress.add_task("rl", total=config.steps, completed=step, info="")
+        while step < config.steps:
+            if ctx is not None and ctx.stop_reason():
+                break
+            t0 = time.monotonic()
+            groups = asyncio.run(collect(task_app, config, step, served))
+            rollout_s = time.monotonic() - t0
+            batch = build_batch(groups, config, version)
+            totals.update(batch.stats)
+            rewards = batch.rewards
+            record: dict[str, Any] = {
+                "step": step + 1,
+                "reward_mean": round(statistics.fmean(rewards), 6) if rewards else None,
+                "reward_std": round(statistics.pstdev(rewards), 6) if rewards else None,
+                "success_rate": (
+                    round(sum(r >= config.success_reward for r in rewards) / len(rewards), 6)
+                    if rewards
+                    else None
+                ),
+                "samples": len(batch.samples),
+                "rollout_s": round(rollout_s, 3),
+                "weights_version": version,
+                **{k: batch.stats.get(k, 0) for k in ("groups", "groups_all_equal", "members_failed")},
+                **{k: batch.stats.get(k, 0) for k in ("stale_samples", "decisions_without_tokens")},
+            }
+            completion_tokens = sum(len(llm_tokens) for g in groups for llm_tokens in _completions(g))
+            record["rollout_tokens_per_s"] = round(completion_tokens / max(rollout_s, 1e-9), 2)
+            if batch.samples:
+                t1 = time.monotonic()
+                metrics = update(model, ref_model, optimizer, batch.samples, config, pad_id)
+                train_s = time.monotonic() - t1
+                if metrics["logprob_max_abs_diff"] > config.fidelity_tolerance:
+                    console.print(
+                        f"[yellow]warning[/]: server and trainer logprobs differ by up to "
+                        f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g})"
+                    )
+                path = save_weights(weights_dir / f"step-{step + 1}", model, tokenizer)
+                version = server.load_weights(path)
+                for old in sorted(weights_dir.glob("step-*"), key=lambda p: int(p.name[5:]))[:-2]:
+                    shutil.rmtree(old, ignore_errors=True)
+                record.update(metrics)
+                record["train_s"] = round(train_s, 3)
+                record["train_tokens_per_s"] = round(metrics["trained_tokens"] / max(train_s, 1e-9), 1)
+            else:
+                record["skipped"] = "no samples with a nonzero advantage"
+            step += 1
+            record["weights_version_after"] = version
+            run.log(record)
+            if ctx is not None:
+                ctx.report(step, config.steps, {k: v for k, v in record.items() if _is_number(v)})
+            info = (
+                f"reward {record['reward_mean']}  all-equal {record['groups_all_equal']}/{record['groups']}"
+            )
+            progress.update(task, advance=1, info=info)
+            if step % config.save_every == 0 or step == config.steps:
+                state = {
+                    "step": step,
+                    "optimizer": optimizer.state_dict(),
+                    "rng": rng_state(),
+                    "config": config.model_dump(),
+                }
+                run.save_checkpoint(step, model, tokenizer, state, config.keep_checkpoints)
+    model.eval()
+    save_weights(run.final, model, tokenizer)
+    keys = ["reward_mean", "success_rate", "kl_ref", "clip_fraction", "approx_kl", "logprob_max_abs_diff"]
+    run.plot([*keys, "rollout_tokens_per_s", "train_tokens_per_s"], f"GRPO {config.env_name}")
+    metrics = run.metrics()
+    return {
+        "final": str(run.final),
+        "steps": step,
+        "weights_version_first": first_version,
+        "weights_version_last": version,
+        "reward_first": metrics[0]["reward_mean"] if metrics else None,
+        "reward_last": metrics[-1]["reward_mean"] if metrics else None,
+        "totals": dict(totals),
+        "metrics": str(run.metrics_path),
+        "curves": str(run.curves_path),
+    }
+
+
+def _completions(group: dict[str, Any]) -> list[list[int]]:
+    out = []
+    for member in group["members"]:
+        for trajectory in (member.get("result") or {}).get("trajectories", []):
+            for step in trajectory["steps"]:
+                ids = (step.get("llm") or {}).get("completion_token_ids")
+                if ids:
+                    out.append(ids)
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
