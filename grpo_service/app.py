@@ -15,7 +15,7 @@ from fastapi_offline import FastAPIOffline
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service import __version__
-from grpo_service.auth import document_security
+from grpo_service.auth import APIKeyGate, document_security, redact_access_log
 from grpo_service.config import Settings
 from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
@@ -154,10 +154,14 @@ def create_app(
     for module in (meta, env, policy, rollout, viewer):  # each route lists the errors it can return
         app.include_router(module.router)
     document_security(app)
+    # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing
+    # unauthenticated is read, parsed or forwarded), the body size, and the worker router.
+    if forwarder is not None:
+        app.add_middleware(PeerRouter, forwarder=forwarder)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    app.add_middleware(APIKeyGate, fastapi_app=app)
     if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"
         origins = settings.cors_allow_origins
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-    if forwarder is not None:  # outside CORS: a relayed answer already has the owner's headers
-        app.add_middleware(PeerRouter, forwarder=forwarder)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
+    redact_access_log()
     return app

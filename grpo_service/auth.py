@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import hmac
 import ipaddress
+import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
+from pydantic import SecretStr
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from grpo_service.errors import ERROR_MEANINGS, Unauthorized
+from grpo_service.errors import ERROR_MEANINGS, Unauthorized, send_error
 from grpo_service.models import ErrorBody
+
+log = logging.getLogger(__name__)
 
 
 def _presented_key(request: Request) -> str | None:
@@ -24,10 +30,16 @@ def _presented_key(request: Request) -> str | None:
 
 
 async def require_api_key(request: Request) -> None:
-    """Route dependency. A no-op when the service has no key configured."""
+    """Route dependency. A no-op when the service has no key configured. (`APIKeyGate` already
+    refused a request without the key before its body was read; this keeps each route's
+    requirement declared where the route is.)"""
     expected = request.app.state.settings.environment_api_key
-    if expected is None:
-        return
+    if expected is not None:
+        check_key(request, expected)
+
+
+def check_key(request: Request, expected: SecretStr) -> None:
+    """Raise `Unauthorized` unless ``request``'s headers carry the ``expected`` key."""
     presented = _presented_key(request)
     # Never echo any part of either key back.
     if presented is None:
@@ -87,3 +99,79 @@ def check_bind_safety(host: str, has_key: bool, allow_insecure: bool) -> None:
         f"refusing to serve on {host} without ENVIRONMENT_API_KEY; set a key, bind to 127.0.0.1, "
         "or pass --insecure (ALLOW_INSECURE=1) if you really mean it"
     )
+
+
+class APIKeyGate:
+    """ASGI middleware: a request for a protected operation without the right key is answered
+    401 from its headers alone, before its body is read, so an unauthenticated client cannot
+    make the server read 8 MB, parse a malformed body into a 422, or reach the worker router.
+
+    Protected are the operations of the OpenAPI schema but `OPEN_PATHS`: the same rule that
+    declares the key in the schema (`document_security`), and every such route also depends on
+    `require_api_key`. Pages outside the schema (the docs, the viewer with its own login) and
+    unknown paths (404) pass through to their routes."""
+
+    def __init__(self, app: ASGIApp, fastapi_app: FastAPI) -> None:
+        self.app = app
+        self.fastapi_app = fastapi_app
+        self._protected: tuple[frozenset[str], list[re.Pattern[str]]] | None = None
+
+    def protects(self, path: str) -> bool:
+        if self._protected is None:  # every route is registered by the first request
+            try:
+                schema = self.fastapi_app.openapi()
+            except Exception:  # the routes' own dependency still guards them: only slower to refuse
+                log.exception("no OpenAPI schema: the API key is checked by each route, after its body")
+                schema = {}
+            paths = [p for p in schema.get("paths", {}) if p not in OPEN_PATHS]
+            self._protected = (
+                frozenset(p for p in paths if "{" not in p),
+                [_path_pattern(p) for p in paths if "{" in p],
+            )
+        exact, templated = self._protected
+        return path in exact or any(pattern.match(path) for pattern in templated)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        expected = self.fastapi_app.state.settings.environment_api_key
+        if scope["type"] == "http" and expected is not None and self.protects(scope["path"]):
+            try:
+                check_key(Request(scope), expected)
+            except Unauthorized as exc:
+                await send_error(send, exc.status_code, exc.code, exc.message)
+                return
+        await self.app(scope, receive, send)
+
+
+def _path_pattern(path: str) -> re.Pattern[str]:
+    """``/run/status/{run_id}`` → a regex matching its concrete paths."""
+    parts = re.split(r"(\{[^}]+\})", path)
+    return re.compile(
+        "^"
+        + "".join(
+            (".+" if part.endswith(":path}") else "[^/]+") if part.startswith("{") else re.escape(part)
+            for part in parts
+        )
+        + "$"
+    )
+
+
+# Query parameters whose values are secrets (`?api_key=...`, `?token=...`): never logged.
+_SECRET_PARAM = re.compile(r"(?i)([?&][^=&#]*(?:key|token|secret|passw|auth|sig)[^=&#]*=)[^&#]*")
+
+
+class RedactAccessLog(logging.Filter):
+    """Cut secret query values out of uvicorn's access log lines. The service never reads a key
+    from the query string (it answers 401), but the access log would keep a key sent there."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], _SECRET_PARAM.sub(r"\1***", args[2]), *args[3:])
+        return True
+
+
+def redact_access_log() -> None:
+    """Install `RedactAccessLog` on uvicorn's access logger (once per process)."""
+    logger = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactAccessLog) for f in logger.filters):
+        logger.addFilter(RedactAccessLog())

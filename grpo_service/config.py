@@ -5,14 +5,18 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from inference.openai_client import normalize_base_url
 
 
 class Settings(BaseSettings):
     """Every knob of the task app. Field names map to upper-case environment variables."""
 
-    model_config = SettingsConfigDict(env_file=".env", env_file_encoding="utf-8", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_file=".env", env_file_encoding="utf-8", extra="ignore", hide_input_in_errors=True
+    )
 
     service_base_url: str = "http://localhost:8000"
     vllm_base_url: str = "http://localhost:8001"
@@ -88,6 +92,19 @@ class Settings(BaseSettings):
         ge=1,
         description="Finished rollouts waiting for the trace writer; beyond it they are dropped and counted.",
     )
+
+    @field_validator("vllm_base_url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        normalize_base_url(url)  # a clear error at startup, not a 500 at the first LLM call
+        return url
+
+    @field_validator("inference_key_urls")
+    @classmethod
+    def _check_urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            normalize_base_url(url)
+        return urls
 
     def as_environment(self) -> dict[str, str]:
         """The settings as environment variables, for a child process that rebuilds them

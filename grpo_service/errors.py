@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from http import HTTPStatus
 from typing import Any
 
@@ -10,6 +11,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.types import Send
 
 from envs.base import EpisodeOver, InvalidAction, InvalidConfig, InvalidState, PluginError, UnknownPlugin
 from grpo_service.models import ErrorBody
@@ -102,6 +104,17 @@ ERROR_RESPONSES = error_responses(*ERROR_MEANINGS)
 
 def error_body(code: str, message: str) -> dict[str, str]:
     return {"code": code, "detail": message}
+
+
+async def send_error(
+    send: Send, status: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> None:
+    """Answer an error from ASGI middleware (before any route runs), in the usual shape."""
+    body = json.dumps(error_body(code, detail)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
 
 
 def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:

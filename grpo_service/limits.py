@@ -1,5 +1,6 @@
 """Input limits: request bodies over a size limit get a 413 before parsing (`BodySizeLimit`), and
-JSON bodies must be standard JSON, without ``NaN``/``Infinity`` (`StrictJSONRoute`)."""
+JSON bodies must be standard JSON, without ``NaN``/``Infinity``, nested at most
+`MAX_JSON_DEPTH` levels (`StrictJSONRoute`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ from fastapi import Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from grpo_service.errors import send_error
+from inference.nesting import MAX_JSON_DEPTH, too_deep
 
 
 class BodySizeLimit:
@@ -52,20 +56,7 @@ class BodySizeLimit:
                 await self._reject(send)
 
     async def _reject(self, send: Send) -> None:
-        body = json.dumps(
-            {"code": "payload_too_large", "detail": f"request body exceeds {self.max_bytes} bytes"}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, "payload_too_large", f"request body exceeds {self.max_bytes} bytes")
 
 
 class _TooLarge(HTTPException):
@@ -100,6 +91,9 @@ class StrictJSONRequest(Request):
         if not hasattr(self, "_json"):
             body = await self.body()
             value = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
+            # Only a body with more brackets than the limit can nest that deep: count at C speed.
+            if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and too_deep(value):
+                raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", "", 0)
             if _SURROGATE_ESCAPE.search(body):  # rare: only then pay for the check
                 try:
                     json.dumps(value, ensure_ascii=False).encode()

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from grpo_service.client import acall, headers, timeout
-from training.llm.config import RLConfig
+from training.llm.config import RLConfig, SFTConfig
 
 
 class TaskAppClient:
@@ -40,10 +40,24 @@ class TaskAppClient:
             return await acall(client, "GET", path)
 
 
+def _job_config(config: Any, ctx: Any) -> Any:
+    """Under the job API (a context is given) a run is written to the job's models directory,
+    never to a path the request names."""
+    return config.model_copy(update={"out": None}) if ctx is not None else config
+
+
+def train_sft_job(config: SFTConfig, ctx: Any = None) -> dict[str, Any]:
+    """The ``sft`` job (``POST /train`` and ``grpo-service train --type sft``)."""
+    from training.llm.sft import train_sft
+
+    return train_sft(_job_config(config, ctx), ctx)
+
+
 def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
     """The ``rl`` job: GRPO against the task app named in the config (key: config, else env)."""
     from training.llm.rl import train_rl
 
+    config = _job_config(config, ctx)
     key = config.task_app_api_key or os.environ.get("ENVIRONMENT_API_KEY")
     client = TaskAppClient(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
     return train_rl(config, ctx, task_app=client)

@@ -146,21 +146,29 @@ class PolicyManager:
     async def fork(
         self, handle: PolicyHandle, bound_env_ids: list[str | None], parent_snapshot_id: str | None
     ) -> list[PolicyHandle]:
-        for _ in bound_env_ids:
-            self.registry.policies.reserve()
+        """One copy of ``handle`` per entry of ``bound_env_ids``: all of them, or none."""
+        self.registry.policies.reserve(len(bound_env_ids))
         async with handle.lock:
             self._check_open(handle)
             payload = self._state_payload(handle)
-        return [
-            self._register(
-                self._from_payload(payload, handle.policy_name),
-                handle.rl_run_id,
-                bound_env_id=env_id,
-                parent_policy_id=handle.id,
-                parent_snapshot_id=parent_snapshot_id,
-            )
-            for env_id in bound_env_ids
-        ]
+        copies = [self._from_payload(payload, handle.policy_name) for _ in bound_env_ids]
+        kids: list[PolicyHandle] = []
+        try:
+            for policy, env_id in zip(copies, bound_env_ids, strict=True):
+                kids.append(
+                    self._register(
+                        policy,
+                        handle.rl_run_id,
+                        bound_env_id=env_id,
+                        parent_policy_id=handle.id,
+                        parent_snapshot_id=parent_snapshot_id,
+                    )
+                )
+        except BaseException:  # the table filled up meanwhile: undo the copies made
+            for kid in kids:
+                await self.discard(kid)
+            raise
+        return kids
 
     @staticmethod
     def _check_open(handle: PolicyHandle) -> None:

@@ -105,6 +105,11 @@ class SnapshotService:
         self.registry.snapshots.put_evicting(snapshot_id, record)
         return record
 
+    async def discard(self, meta: SnapshotMeta) -> None:
+        """Delete a snapshot this service wrote and forget it (undoing a step that failed later)."""
+        self.registry.snapshots.pop(meta.id)
+        await anyio.to_thread.run_sync(self.store.delete, meta.rl_run_id, meta.kind, meta.id)
+
     async def load(
         self, kind: str, snapshot_id: str, rl_run_id: str | None = None
     ) -> tuple[dict[str, Any], bytes]:

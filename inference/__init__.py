@@ -12,7 +12,6 @@ from inference.openai_client import (
     compact_response,
     normalize_base_url,
     per_choice_calls,
-    public_url,
     resolve_api_key,
     shared_pool,
 )
@@ -31,7 +30,6 @@ __all__ = [
     "compact_response",
     "normalize_base_url",
     "per_choice_calls",
-    "public_url",
     "resolve_api_key",
     "shared_pool",
     "wire_tool_call",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inference.nesting import MAX_JSON_DEPTH, too_deep
+
 
 def canonical_tool_call(raw: Any, index: int = 0) -> tuple[dict[str, Any], str | None]:
     """``raw`` in the canonical shape, and what is wrong with it (``None`` if nothing).
@@ -30,9 +32,20 @@ def canonical_tool_call(raw: Any, index: int = 0) -> tuple[dict[str, Any], str |
         args = {}
     elif isinstance(args, str):
         try:
-            args = json.loads(args) if args.strip() else {}
+            parsed = json.loads(args) if args.strip() else {}
         except json.JSONDecodeError as exc:
             args, problem = {"raw": args}, f"the tool call's arguments are not valid JSON ({exc.msg})"
+        except RecursionError:
+            args, problem = {"raw": args}, "the tool call's arguments nest too deep"
+        else:
+            # Deeper values would fail later, when a response or trace is serialized (a 500).
+            if too_deep(parsed):
+                args, problem = (
+                    {"raw": args},
+                    f"the tool call's arguments nest more than {MAX_JSON_DEPTH} levels",
+                )
+            else:
+                args = parsed
     if not isinstance(args, dict):
         args, problem = {"raw": args}, "the tool call's arguments are not a JSON object"
     call_id = raw.get("id")

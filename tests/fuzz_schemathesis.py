@@ -18,21 +18,29 @@ snapshot_id", nor which plug-in names and ids exist, so such requests rightly ge
 from __future__ import annotations
 
 import argparse
+import copy
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
+
+from fastapi.openapi.utils import get_openapi
+from fastapi.routing import APIRoute
 
 if __name__ == "__main__":  # run as a script from anywhere: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 EXCLUDED_CHECKS = ("positive_data_acceptance",)
 KEY = "sk-fuzz-env-key-0123456789abcdef"
+DOCS_PAGES = ("/docs", "/redoc", "/static-offline-docs")  # the API docs' own pages (not ours)
 
 
 def schemathesis_command(
     base_url: str,
     *,
+    schema: str | None = None,
+    exclude_checks: tuple[str, ...] = (),
     headers: dict[str, str] | None = None,
     max_examples: int = 5,
     seed: int = 0,
@@ -44,9 +52,10 @@ def schemathesis_command(
         "-c",
         "import sys; from schemathesis.cli import schemathesis; sys.exit(schemathesis())",
         "run",
-        f"{base_url}/openapi.json",
+        schema or f"{base_url}/openapi.json",
+        *([f"--url={base_url}"] if schema else []),
         "--checks=all",
-        f"--exclude-checks={','.join(EXCLUDED_CHECKS)}",
+        f"--exclude-checks={','.join(EXCLUDED_CHECKS + exclude_checks)}",
         f"--max-examples={max_examples}",
         f"--seed={seed}",
         f"--phases={phases}",
@@ -60,6 +69,27 @@ def schemathesis_command(
     for name, value in (headers or {}).items():
         cmd += ["-H", f"{name}: {value}"]
     return cmd
+
+
+def unlisted_routes_schema(app: Any) -> dict[str, Any]:
+    """An OpenAPI document of the app's API routes that its own schema leaves out (the viewer's
+    pages and JSON API, `include_in_schema=False`), so that the fuzzer reaches them too."""
+    routes: list[APIRoute] = []
+
+    def walk(candidates: list[Any]) -> None:
+        for route in candidates:
+            if (
+                isinstance(route, APIRoute)
+                and not route.include_in_schema
+                and not route.path.startswith(DOCS_PAGES)
+            ):
+                listed = copy.copy(route)
+                listed.include_in_schema = True
+                routes.append(listed)
+            walk(getattr(getattr(route, "original_router", None), "routes", []))  # included routers
+
+    walk(app.routes)
+    return get_openapi(title=f"{app.title} (unlisted routes)", version=app.version, routes=routes)
 
 
 def run_schemathesis(base_url: str, workdir: Path, **options: object) -> subprocess.CompletedProcess[str]:

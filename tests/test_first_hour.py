@@ -230,3 +230,28 @@ def shell_url_of(command: str, readme_port: str) -> str:
     match = re.search(rf"http://[\w.]+:{readme_port}", command)
     assert match is not None, command
     return match.group(0)
+
+
+def test_the_readme_task_app_shows_its_rollouts_in_the_viewer(shell: Shell) -> None:
+    """README, "See the rollouts": the traced task app serves /viewer; a collected rollout replays."""
+    base = shell.url("8000")
+    assert httpx.get(base + "/viewer", timeout=30).status_code == 200
+    played = httpx.post(
+        base + "/rollout",
+        json={
+            "run_id": "viewer-first-hour",
+            "env": {"env_name": "crafter", "seed": 3},
+            "policy": {"policy_name": "crafter-heuristic"},
+            "max_turns": 30,
+        },
+        timeout=120,
+    )
+    assert played.status_code == 200, played.text
+    for _ in range(100):  # the trace writer commits within 0.25 s of a rollout's end
+        listed = httpx.get(base + "/viewer/api/rollouts", params={"run_id": "viewer-first-hour"}, timeout=30)
+        if listed.json()["rows"]:
+            break
+        time.sleep(0.05)
+    session_id = listed.json()["rows"][0]["session_id"]
+    replay = httpx.get(f"{base}/viewer/api/rollouts/{session_id}/replay", timeout=60).json()
+    assert replay["available"] and replay["divergence"] is None and replay["checked"] == 30

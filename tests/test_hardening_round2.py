@@ -4,11 +4,15 @@ The sibling search and the figures are in docs/reliability.md ("Hardening, round
 
 from __future__ import annotations
 
+import io
 import json
 import math
+import socket
 import sqlite3
+import tarfile
 import threading
 import time
+import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,9 +22,14 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from grpo_service.models import RolloutRequest
-from tests.conftest import MODEL
-from tests.hardening import assert_error, counts, rss_mb, start_service
+from grpo_service.app import build_services
+from grpo_service.branching import branch
+from grpo_service.errors import CapacityExceeded
+from grpo_service.models import BranchRequest, RolloutRequest
+from storage import SnapshotCodec, SnapshotCorrupt
+from storage.codec import _HEADER_LEN as HEADER
+from tests.conftest import MODEL, Served, make_settings
+from tests.hardening import assert_error, counts, file_tree, rss_mb, start_service
 from tests.test_hardening_inference import wait_for_traces
 from tools.fake_server import FakeConfig, FakeInferenceServer, build_completion
 from tools.server_thread import ServerThread
@@ -96,17 +105,18 @@ class Misbehaving:
             payload = json.dumps({"object": "list", "data": [{"id": MODEL, "object": "model"}]}).encode()
         elif self.status != 200:
             payload = b'{"error": {"message": "unavailable"}}'
-        elif name == "big":
+        elif name in ("big", "big_error"):  # a reply, or an error page, of `big_bytes`
             payload = b'{"choices": [{"message": {"content": "' + b"x" * self.big_bytes + b'"}}]}'
         else:
             reply = _completion(json.loads(body))
             if name in MALFORMED:
                 MALFORMED[name](reply)
             payload = json.dumps(reply).encode()  # NaN and Infinity come out as Python writes them
+        status = 200 if scope["path"].endswith("/models") else 503 if name == "big_error" else self.status
         await send(
             {
                 "type": "http.response.start",
-                "status": self.status if not scope["path"].endswith("/models") else 200,
+                "status": status,
                 "headers": [(b"content-type", b"application/json")],
             }
         )
@@ -278,7 +288,7 @@ def test_malformed_non_finite_and_huge_replies_are_recorded_policy_errors(
     server = start_server(
         vllm_base_url=url, inference_max_response_bytes=1024 * 1024, trace_db=db, inference_max_retries=0
     )
-    names = [*MALFORMED, "big"]
+    names = [*MALFORMED, "big", "big_error"]
     bodies = {
         name: {
             "run_id": f"bad-{name}",
@@ -302,8 +312,9 @@ def test_malformed_non_finite_and_huge_replies_are_recorded_policy_errors(
         (step,) = trajectory["steps"]  # the failed decision is recorded
         assert step["decision_error"] == "inference_malformed_response" and step["llm"]["error"], name
         assert "malformed_response" in step["decision_error_detail"], name
-    big = answers["big"].json()["trajectories"][0]["steps"][0]
-    assert "exceeds 1048576 bytes" in big["decision_error_detail"]
+    for name in ("big", "big_error"):  # refused as it streamed in, and not retried
+        big = answers[name].json()["trajectories"][0]["steps"][0]
+        assert "exceeds 1048576 bytes" in big["decision_error_detail"] and big["llm"]["attempts"] == 1
     ok = healthy.json()
     assert ok["stop_reason"] == "completed"
     logprobs = ok["trajectories"][0]["steps"][0]["llm"]["completion_logprobs"]
@@ -376,3 +387,251 @@ def test_max_turns_is_not_cut_by_a_smaller_default_max_ops() -> None:
     )
     cap = request.safety.max_ops
     assert cap is None or cap >= len(request.op_list())
+
+
+# ------------------------------------------------------------------------ 3. the tar bomb
+
+
+def _tar_bomb(genuine: bytes, long_name_bytes: int) -> bytes:
+    """A gzip whose first tar header is a GNU long-name (``L``) record of ``long_name_bytes`` of
+    one byte, followed by the genuine snapshot's members (about 1 KB compressed per MiB)."""
+    header = tarfile.TarInfo("././@LongLink")
+    header.type, header.size = tarfile.GNUTYPE_LONGNAME, long_name_bytes
+    deflate = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [deflate.compress(header.tobuf(tarfile.GNU_FORMAT))]
+    chunk = b"a" * (16 * 1024 * 1024)
+    for _ in range(long_name_bytes // len(chunk)):
+        parts.append(deflate.compress(chunk))
+    with tarfile.open(fileobj=io.BytesIO(genuine), mode="r:gz") as tar:
+        inner = io.BytesIO()
+        with tarfile.open(fileobj=inner, mode="w") as out:
+            for member in tar:
+                out.addfile(member, tar.extractfile(member))
+    parts.append(deflate.compress(inner.getvalue()) + deflate.flush())
+    return b"".join(parts)
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return rss_mb(pid)
+
+
+def test_a_tar_bomb_is_refused_before_it_is_inflated(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    service = start_service(
+        tmp_path, {"STATE_DIR": str(state), "SNAPSHOT_SECRET": "s" * 40}, log_level="warning"
+    )
+    try:
+        with httpx.Client(base_url=service.base_url, timeout=60) as client:
+            env_id = client.post("/env/create", json={"env_name": "crafter", "seed": 1}).json()["env_id"]
+            snap = client.post("/env/snapshot", json={"env_id": env_id}).json()
+            path = Path(snap["path"])
+            genuine = path.read_bytes()
+            before, peak_before = rss_mb(service.pid), peak_rss_mb(service.pid)
+            path.write_bytes(_tar_bomb(genuine, 512 * 1024 * 1024))
+            t0 = time.monotonic()
+            refused = client.post("/env/restore", json={"snapshot_id": snap["snapshot_id"]})
+            elapsed = time.monotonic() - t0
+            assert_error(refused, 422, "invalid_snapshot")
+            after, peak_after = rss_mb(service.pid), peak_rss_mb(service.pid)
+            print(
+                f"tar bomb ({path.stat().st_size / 2**20:.1f} MiB file, 512 MiB long name): 422 in "
+                f"{elapsed:.2f} s, RSS {before:.0f} -> {after:.0f} MiB, "
+                f"peak {peak_before:.0f} -> {peak_after:.0f} MiB"
+            )
+            assert peak_after - peak_before < 100 and after - before < 50
+            path.write_bytes(genuine)  # the genuine snapshot still restores
+            assert client.post("/env/restore", json={"snapshot_id": snap["snapshot_id"]}).status_code == 200
+    finally:
+        service.stop()
+
+
+def test_a_forged_signed_header_costs_one_hmac() -> None:
+    """A file that claims the signed format is refused on its signature, before inflating."""
+    codec = SnapshotCodec(b"k" * 32)
+    genuine = codec.pack({"snapshot_id": "x"}, b"payload")
+    bomb = zlib.compress(b"\0" * (64 * 1024 * 1024), 9)[2:-4]  # raw deflate: 64 MiB of zeros
+    forged = genuine[:HEADER] + bomb + genuine[-8:]
+    with pytest.raises(SnapshotCorrupt, match="signature"):
+        codec.unpack(forged)
+    assert codec.unpack(genuine) == (codec.unpack(genuine)[0], b"payload")
+
+
+# ------------------------------------------------------------------ 5. branch at capacity
+
+
+def test_branch_over_capacity_creates_nothing(
+    start_server: Callable[..., ServerThread], tmp_path: Path
+) -> None:
+    server = start_server(max_envs=10, max_policies=10)
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        envs = [
+            client.post("/env/create", json={"env_name": "crafter", "seed": i}).json()["env_id"]
+            for i in (1, 2)
+        ]
+        policies = [
+            client.post("/policy/create", json={"policy_name": "crafter-random", "bound_env_id": e}).json()[
+                "policy_id"
+            ]
+            for e in envs
+        ]
+        files = file_tree(tmp_path / "state")
+        assert_error(client.post("/branch", json={"env_ids": envs, "num_children": 5}), 429)
+        assert_error(client.post("/branch", json={"policy_ids": policies, "num_children": 5}), 429)
+        assert counts(client) == {"envs": 2, "policies": 2, "runs_active": 0}
+        assert file_tree(tmp_path / "state") == files  # no snapshot written
+        ok = client.post("/branch", json={"env_ids": envs[:1], "policy_ids": policies[:1], "num_children": 4})
+        assert ok.status_code == 200 and counts(client)["envs"] == 6 and counts(client)["policies"] == 6
+
+
+async def test_a_branch_that_fails_midway_removes_what_it_made(tmp_path: Path) -> None:
+    """A table that fills up between the capacity check and the copies (a racing request):
+    every child made and every snapshot written by the call is removed."""
+    services = build_services(make_settings(tmp_path))
+    env = await services.envs.create("crafter", None, 1, "run")
+    policy = await services.policies.create("crafter-random", None, "run", bound_env_id=env.id)
+
+    async def full_table(*args: Any, **kwargs: Any) -> Any:
+        raise CapacityExceeded("policy capacity reached")
+
+    services.policies.fork = full_table  # type: ignore[method-assign]
+    request = BranchRequest(env_ids=[env.id], policy_ids=[policy.id], num_children=3)
+    with pytest.raises(CapacityExceeded):
+        await branch(request, services.envs, services.policies)
+    assert services.registry.counts()["envs"] == 1 and services.registry.counts()["snapshots"] == 0
+    assert not list((tmp_path / "state").rglob("*.tar.gz"))
+
+
+# ---------------------------------------------------------------------- 9. deep nesting
+
+
+def _nested(depth: int) -> Any:
+    value: Any = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+def test_deep_nesting_is_refused_where_it_enters(
+    client: httpx.Client, misbehaving: tuple[Misbehaving, str]
+) -> None:
+    deep = {"policy_name": "crafter-react", "config": {"extra_body": _nested(300)}}
+    refused = client.post("/policy/create", json=deep)
+    assert_error(refused, 422, "invalid_request")
+    assert "nested more than 64" in refused.text
+    # 40 levels are fine, everywhere they go (dry run, snapshot, rollout).
+    fine = client.post("/policy/create", json={**deep, "config": {"extra_body": _nested(40)}}).json()
+    assert (
+        client.post(
+            "/policy/step",
+            json={"policy_id": fine["policy_id"], "observation": {"text": "x"}, "dry_run": True},
+        ).status_code
+        == 200
+    )
+    assert client.post("/policy/snapshot", json={"policy_id": fine["policy_id"]}).status_code == 200
+    rollout = {"env": {"env_name": "crafter"}, "policy": deep["policy_name"], "max_turns": 1}
+    rollout["policy"] = {"policy_name": "crafter-react", "config": {"extra_body": _nested(300)}}
+    assert_error(client.post("/rollout", json=rollout), 422)
+    # An LLM reply nesting its tool-call arguments 300 deep is an invalid tool call, not a 500.
+    _, url = misbehaving
+    MALFORMED["deep_arguments"] = _set(
+        "choices.0.message.tool_calls.0.function.arguments", json.dumps(_nested(300))
+    )
+    try:
+        body = {"env": {"env_name": "crafter"}, "policy": react(f"{url}/deep_arguments"), "max_turns": 1}
+        out = client.post("/rollout", json={**body, "record": {"return_trace": True}})
+        assert out.status_code == 200 and out.json()["stop_reason"] == "policy_error:invalid_tool_call", (
+            out.text
+        )
+    finally:
+        del MALFORMED["deep_arguments"]
+
+
+# ------------------------------------------------- 10. the worker router before the app
+
+
+def test_the_worker_router_never_answers_500(
+    serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ENVIRONMENT_API_KEY", SERVER_KEY)
+    served = serve("--workers", "2")
+    group = '{"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}, "max_turns": 1, '
+    bodies = {
+        "Infinity": group + '"group_size": Infinity}',
+        "1e300": group + '"group_size": 1e300}',
+        "20 digits": group + '"group_size": 99999999999999999999999}',
+        "50,000 [": group + '"group_size": ' + "[" * 50_000 + "]" * 50_000 + "}",
+    }
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=served.base_url, timeout=30) as client:
+        for name, body in bodies.items():
+            anonymous = client.post("/rollout/group", content=body, headers=headers)
+            assert_error(anonymous, 401)
+            keyed = client.post("/rollout/group", content=body, headers={**headers, "X-API-Key": SERVER_KEY})
+            assert keyed.status_code in (400, 422), (name, keyed.status_code, keyed.text[:200])
+        fine = client.post(
+            "/rollout/group", content=group + '"group_size": 2}', headers={**headers, "X-API-Key": SERVER_KEY}
+        )
+        assert fine.status_code == 200, fine.text
+
+
+# ------------------------------------------------------------- 11. secrets in logs and /info
+
+
+def test_no_secret_in_the_access_log_or_info(tmp_path: Path, fake_llm: FakeInferenceServer) -> None:
+    env_key = "sk-env-key-in-query-0123456789abcdef"
+    password = "vllm-pass-9f8e7d6c5b4a"
+    environ = {
+        "ENVIRONMENT_API_KEY": env_key,
+        "DEFAULT_MODEL": MODEL,
+        "STATE_DIR": str(tmp_path / "state"),
+        "SNAPSHOT_SECRET": "s" * 40,
+    }
+    # Credentials in VLLM_BASE_URL never worked (aiohttp cannot send them with the bearer key:
+    # every LLM call was a 500) and showed the password in /info: refused at startup, unshown.
+    with pytest.raises(AssertionError, match="must not carry credentials") as refused:
+        start_service(tmp_path, {**environ, "VLLM_BASE_URL": f"http://user:{password}@127.0.0.1:1"})
+    assert password not in str(refused.value)
+
+    service = start_service(tmp_path, {**environ, "VLLM_BASE_URL": fake_llm.base_url})
+    try:
+        with httpx.Client(base_url=service.base_url, timeout=30) as client:
+            for path in ("/info", "/env/create", "/run/status/x"):
+                assert client.get(f"{path}?api_key={env_key}&token={env_key}").status_code == 401
+            keyed = {"X-API-Key": env_key}
+            url = fake_llm.base_url.replace("http://", f"http://user:{password}@")
+            config = {"policy_name": "crafter-react", "config": {"inference_url": url}}
+            answer = client.post("/policy/create", json=config, headers=keyed)
+            assert_error(answer, 422, "invalid_config")
+            assert password not in answer.text and "must not carry credentials" in answer.text
+    finally:
+        service.stop()
+    log = service.log.read_text()
+    assert "/info?api_key=***&token=***" in log  # the access log has the line, without the key
+    for secret in (env_key, password):
+        assert all(secret[i : i + 8] not in log for i in range(len(secret) - 7)), secret
+
+
+# --------------------------------------- 12. unauthenticated bodies are never read or parsed
+
+
+def test_an_unauthenticated_body_is_refused_before_it_is_read(
+    start_server: Callable[..., ServerThread],
+) -> None:
+    server = start_server(environment_api_key=SERVER_KEY)
+    with httpx.Client(base_url=server.base_url, timeout=30) as client:
+        malformed = client.post(
+            "/env/create", content=b"{not json", headers={"content-type": "application/json"}
+        )
+        assert_error(malformed, 401)
+        assert_error(client.get("/run/status/x"), 401)
+        assert client.get("/health").status_code == 200 and client.get("/openapi.json").status_code == 200
+    # An 8 MB body announced but not sent: the 401 comes at once, without waiting for it.
+    with socket.create_connection((server.host, server.port), timeout=5) as sock:
+        sock.sendall(
+            b"POST /rollout HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 8000000\r\n\r\n" + b" " * 1000
+        )
+        assert sock.recv(1024).startswith(b"HTTP/1.1 401 ")

@@ -173,7 +173,8 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
 
             # End to end, once more by hand: the tokens trained on are the server's (as traced),
             # the advantages are the group-relative rewards, and the logprobs are the trainer's.
-            groups = asyncio.run(collect(TaskAppClient(app.base_url), config, 7, "tiny"))
+            groups, errors = asyncio.run(collect(TaskAppClient(app.base_url), config, 7, "tiny"))
+            assert errors == []
             batch = build_batch(groups, config, engine.weights_version)
             assert batch.samples, batch.stats
             model, _ = load(rl["final"])

@@ -70,6 +70,10 @@ def test_format_penalty_and_rewards_summed_over_episodes() -> None:
     assert member_reward(member("x", [1.0, 0.5], [])["result"]) == 1.5
     broken = member("x", [0.0], [], stop="policy_error:no_tool_call")["result"]
     assert member_reward(broken) == 0.0 and member_reward(broken, 0.5) == -0.5
+    # Two of 4 turns acted before the third failed: half the penalty.
+    steps = [{"turn": 0}, {"turn": 1}, {"turn": 2, "decision_error": "invalid_action"}]
+    later = member("x", [0.25], steps, stop="policy_error:invalid_action")["result"]
+    assert member_reward(later, 1.0, max_turns=4) == pytest.approx(0.25 - 0.5)
 
 
 def test_group_request_points_the_policy_at_the_model_server() -> None:
@@ -92,3 +96,36 @@ def test_group_request_points_the_policy_at_the_model_server() -> None:
     assert body["env"] == {"env_name": "babyai", "seed": 42, "config": {"level": 1}}
     assert body["mode"] == "rl" and body["record"]["logprobs"] is True and body["group_size"] == 3
     assert body["group_id"].startswith("grpo-s2-g1-")
+
+
+class FailingTaskApp:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def rollout_group(self, body: dict) -> dict:
+        self.calls += 1
+        raise ConnectionError("task app down")
+
+
+def test_a_task_app_that_keeps_failing_stops_the_run_with_a_checkpoint(tmp_path) -> None:
+    import torch
+
+    from tests.llm_helpers import make_tiny_model
+    from tools.server_thread import ServerThread
+    from training.llm.rl import MAX_FAILED_STEPS, train_rl
+    from training.llm.server import ModelEngine, create_model_app
+
+    torch.set_num_threads(1)
+    model = make_tiny_model(tmp_path / "model")
+    engine = ModelEngine(model, served_name="tiny")
+    task_app = FailingTaskApp()
+    with ServerThread(create_model_app(engine)) as server:
+        config = RLConfig(
+            model=str(model), out=str(tmp_path / "rl"), model_server_url=server.base_url, steps=10
+        )
+        result = train_rl(config, task_app=task_app)
+    engine.close()
+    assert result["steps"] == MAX_FAILED_STEPS - 1 and "task app down" in result["error"]
+    assert task_app.calls == MAX_FAILED_STEPS * config.groups_per_step
+    assert (tmp_path / "rl" / "final" / "config.json").exists()
+    assert result["weights_version_first"] == result["weights_version_last"] == 1

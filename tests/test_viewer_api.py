@@ -297,7 +297,7 @@ def test_view_command_serves_the_newest_db_and_refuses_a_bad_one(real_trace_db: 
 
 
 def test_a_query_past_its_deadline_is_a_clear_4xx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    db = synthetic_db(tmp_path / "big.db", 300)
+    db = synthetic_db(tmp_path / "big.db", 40)
     monkeypatch.setattr(runs, "QUERY_DEADLINE_S", 0.0)  # as if the DB were huge
     server = ServerThread(create_viewer_app(db), name="viewer-slow").start()
     try:

@@ -170,10 +170,19 @@ def test_run_list_filter_rollout_steps_and_group(
     assert f"turn {position} /" in text_of(browser, "#pos")
     shot(browser, "3-rollout")
 
-    # Play runs on by itself; pause stops it.
+    # Play runs on by itself; pause stops it (the button, then the space bar).
+    slider = browser.find_element(By.ID, "slider")
     browser.find_element(By.ID, "btn-play").click()
     wait(browser, frame_loaded(position + 2))
     browser.find_element(By.ID, "btn-play").click()
+    browser.execute_script("document.activeElement.blur()")
+    paused_at = int(slider.get_attribute("value"))
+    body.send_keys(Keys.SPACE)
+    wait(browser, lambda d: int(slider.get_attribute("value")) >= paused_at + 2)
+    body.send_keys(Keys.SPACE)
+    stopped_at = int(slider.get_attribute("value"))
+    time.sleep(0.6)  # at 4 frames/s a running player would have moved on
+    assert int(slider.get_attribute("value")) == stopped_at
 
     # A rollout cut short by the policy shows its error.
     error_run = next(s for s in sessions if s["run_id"] == "viewer-policy-error")
@@ -234,3 +243,31 @@ def test_eval_report_opens_and_links_into_the_viewer(
     assert rows and f"#/rollout/{rows[0]['session_id']}" in browser.current_url
     wait(browser, frame_loaded(0))
     shot(browser, "8-report-link-to-rollout")
+
+
+def test_the_page_says_where_a_replay_diverges(
+    browser: webdriver.Chrome, real_trace_db: Path, tmp_path: Path
+) -> None:
+    import sqlite3
+
+    from grpo_service.routes.viewer import create_viewer_app
+    from tools.server_thread import ServerThread
+
+    db = tmp_path / "tampered.db"
+    shutil.copy(real_trace_db, db)
+    with sqlite3.connect(db) as conn:
+        sid = conn.execute("SELECT session_id FROM sessions WHERE run_id = 'viewer-heuristic'").fetchone()[0]
+        conn.execute(
+            "UPDATE turns SET observation = json_set(observation, '$.inventory.wood', 99) "
+            "WHERE session_id = ? AND turn = 5",
+            (sid,),
+        )
+    server = ServerThread(create_viewer_app(db), name="viewer-diverging").start()
+    try:
+        browser.get(f"{server.base_url}/viewer#/rollout/{sid}?t=5")
+        wait(browser, lambda d: "diverges" in text_of(d, "#banner"))
+        banner = text_of(browser, "#banner")
+        assert "at turn 5 (observation)" in banner and "inventory" in banner
+        shot(browser, "9-rollout-diverging")
+    finally:
+        server.stop()

@@ -54,6 +54,9 @@ _IMAGE_KEYS = ("image_png_base64", "image")
 class LLMAgentConfig(PluginConfig):
     """What every LLM policy accepts (an environment's config may add its own fields)."""
 
+    # Errors name the field, not its value: the config carries an API key (and URLs).
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
     inference_url: str | None = Field(default=None, description="Default: the service's inference URL.")
     model: str | None = Field(
         default=None, description="Default: the service's default model, else the first the server lists."
@@ -248,7 +251,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         request = self.build_request(observation)
         meta: dict[str, Any] = {
             "model": self.model,
-            "inference_url": openai_client.public_url(self.inference_url),
+            "inference_url": self.inference_url,
             "turn_index": self.turn_index,
         }
         if dry_run:

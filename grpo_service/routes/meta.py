@@ -13,7 +13,6 @@ from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.models import Health, InferenceInfo, Limits, PluginInfo, ServiceEndpoints, ServiceInfo
 from grpo_service.registry import INSTANCE_ID
-from inference import public_url
 
 router = APIRouter(tags=["service"])
 
@@ -46,7 +45,7 @@ async def info(services: ServicesDep) -> ServiceInfo:
     return ServiceInfo(
         service=ServiceEndpoints(base_url=s.service_base_url, version=__version__, endpoints=ENDPOINTS),
         inference=InferenceInfo(
-            base_url=public_url(s.vllm_base_url),
+            base_url=s.vllm_base_url,
             endpoints={"chat_completions": "/v1/chat/completions"},
             default_model=s.default_model,
         ),

@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grpo_service.errors import send_error
 from grpo_service.registry import TAGGED_ID_PATTERN
 
 FORWARDED_BY = b"x-grpo-forwarded-by"
@@ -41,6 +42,9 @@ _HOP_HEADERS = frozenset(
 )
 _ANSWER_HOP_HEADERS = _HOP_HEADERS - {b"content-length"}
 
+
+# The largest group_size placement counts (the request model allows 1,024).
+MAX_PLACED_GROUP = 1 << 16
 
 # Synchronous rollouts that create what they play: any worker can run them.
 PLACEABLE_PATHS = frozenset({"/rollout", "/rollout/group"})
@@ -136,14 +140,14 @@ class PeerForwarder:
         except httpx.ConnectError:
             if optional:
                 return False
-            await _error(send, 503, "worker_unavailable", _unreachable(tag, "ConnectError"))
+            await send_error(send, 503, "worker_unavailable", _unreachable(tag, "ConnectError"))
             return True
         except httpx.TimeoutException:
             detail = f"worker {tag}, which owns this id, did not answer in time"
-            await _error(send, 504, "worker_timeout", detail)
+            await send_error(send, 504, "worker_timeout", detail)
             return True
         except httpx.TransportError as exc:
-            await _error(send, 503, "worker_unavailable", _unreachable(tag, type(exc).__name__))
+            await send_error(send, 503, "worker_unavailable", _unreachable(tag, type(exc).__name__))
             return True
         # Relayed as it arrives (a group's answer is megabytes): no second copy, no added wait.
         try:
@@ -166,11 +170,10 @@ class PeerForwarder:
             return None
         rollouts = 1
         if scope["path"] == "/rollout/group":
-            try:
-                rollouts = int(json.loads(body).get("group_size", 1))
-            except (ValueError, TypeError, AttributeError):
+            rollouts = _group_size(body)
+            if rollouts is None:
                 return None  # the app answers the bad body
-        return self.loads.least_loaded(), max(1, rollouts)
+        return self.loads.least_loaded(), rollouts
 
     async def aclose(self) -> None:
         if self._client is not None:
@@ -227,6 +230,17 @@ class PeerRouter:
                 forwarder.loads.add(worker, -rollouts)
 
 
+def _group_size(body: bytes) -> int | None:
+    """The ``group_size`` of a group request, if it is a plausible one (1..MAX_PLACED_GROUP).
+    Anything else (``Infinity``, ``1e300``, a 20-digit number, a body nested 50,000 deep) is
+    left to the app, which answers it with a 4xx: the counts are 64-bit cells."""
+    try:
+        size = json.loads(body).get("group_size", 1)
+    except (ValueError, TypeError, AttributeError, RecursionError):
+        return None
+    return size if type(size) is int and 1 <= size <= MAX_PLACED_GROUP else None
+
+
 async def _read_body(receive: Receive) -> tuple[bytes, bool]:
     """The request body, and whether the client disconnected before sending all of it."""
     chunks: list[bytes] = []
@@ -259,10 +273,3 @@ def _unreachable(tag: str, error: str) -> str:
         f"worker {tag}, which owns this id, is not reachable ({error}); if it restarted, its "
         "live envs and policies are gone: restore them from snapshots"
     )
-
-
-async def _error(send: Send, status: int, code: str, detail: str) -> None:
-    body = json.dumps({"code": code, "detail": detail}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})

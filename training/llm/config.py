@@ -7,10 +7,19 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
+"""A directory name without directories (the job API's model names)."""
+
 
 class _Config(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    model_name: str | None = Field(
+        default=None,
+        pattern=MODEL_NAME_PATTERN,
+        description="Job API: the run is written to models/<model_name>/ (generated when absent).",
+    )
+    overwrite: bool = Field(default=False, description="Job API: replace a run of the same name.")
     model: str = Field(
         description="The start checkpoint: a local directory (init-model output or a real one)."
     )
@@ -29,6 +38,7 @@ class _Config(BaseModel):
 class SFTConfig(_Config):
     """Supervised fine-tuning on chat JSONL (``export-sft`` output), loss on assistant tokens."""
 
+    type: Literal["sft"] = Field(default="sft", description="Job type: `sft`.")
     dataset: str | None = Field(default=None, description="Chat JSONL (the --dataset flag sets it).")
     epochs: int = Field(default=1, ge=1, le=10_000)
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
@@ -42,6 +52,7 @@ class SFTConfig(_Config):
 class RLConfig(_Config):
     """GRPO against the task app, sampling from a model server (``serve-model``, or vLLM)."""
 
+    type: Literal["rl"] = Field(default="rl", description="Job type: `rl`.")
     task_app_url: str = Field(
         default="http://127.0.0.1:8000", description="The task app (grpo-service serve)."
     )
@@ -85,8 +96,9 @@ class RLConfig(_Config):
     format_penalty: float = Field(
         default=0.0,
         ge=0,
-        description="Subtracted from the reward of a rollout that ended in a policy error (no tool call, "
-        "invalid action): a format reward, the signal a model that cannot yet act needs first.",
+        description="A rollout that ended in a policy error (no tool call, invalid action) loses this, "
+        "scaled by the share of max_turns it did not play: a format reward, the signal a model that "
+        "cannot yet act needs first.",
     )
     fidelity_tolerance: float = Field(
         default=1e-3, gt=0, description="Warn when server and trainer logprobs differ by more."

@@ -114,11 +114,13 @@ def group_request(config: RLConfig, seed: int, served_model: str, step: int, ind
     }
 
 
-def member_reward(result: dict[str, Any], format_penalty: float = 0.0) -> float:
-    """The rollout's return, minus ``format_penalty`` if the policy failed to act."""
+def member_reward(result: dict[str, Any], format_penalty: float = 0.0, max_turns: int = 1) -> float:
+    """The rollout's return; if the policy failed to act, minus ``format_penalty`` scaled by the
+    share of ``max_turns`` it did not play (a rollout that acted longer before failing loses less)."""
     reward = float(sum(t["total_reward"] for t in result["trajectories"]))
-    if str(result.get("stop_reason", "")).startswith("policy_error:"):
-        reward -= format_penalty
+    if format_penalty and str(result.get("stop_reason", "")).startswith("policy_error:"):
+        acted = sum(1 for t in result["trajectories"] for s in t["steps"] if not s.get("decision_error"))
+        reward -= format_penalty * (1.0 - min(acted, max_turns) / max_turns)
     return reward
 
 
@@ -134,7 +136,7 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
             if member["status"] == "failed" or result is None:
                 stats["members_failed"] += 1
                 continue
-            rewards.append(member_reward(result, config.format_penalty))
+            rewards.append(member_reward(result, config.format_penalty, config.max_turns))
             group_ids.append(g)
             for trajectory in result["trajectories"]:
                 for step in trajectory["steps"]:
@@ -254,11 +256,21 @@ def _seed(config: RLConfig, step: int, index: int) -> int:
     return config.seeds[k % len(config.seeds)] if config.seeds else config.seed_base + k
 
 
-async def collect(task_app: TaskApp, config: RLConfig, step: int, served: str) -> list[dict[str, Any]]:
+MAX_FAILED_STEPS = 3
+"""Consecutive steps in which every group request failed before the run gives up (saving first)."""
+
+
+async def collect(
+    task_app: TaskApp, config: RLConfig, step: int, served: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The step's groups, and the errors of the group requests that failed (they are skipped)."""
     bodies = [
         group_request(config, _seed(config, step, i), served, step, i) for i in range(config.groups_per_step)
     ]
-    return list(await asyncio.gather(*(task_app.rollout_group(b) for b in bodies)))
+    answers = await asyncio.gather(*(task_app.rollout_group(b) for b in bodies), return_exceptions=True)
+    groups = [a for a in answers if not isinstance(a, BaseException)]
+    errors = [f"{type(a).__name__}: {a}"[:300] for a in answers if isinstance(a, BaseException)]
+    return groups, errors
 
 
 def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: Any = None) -> dict[str, Any]:
@@ -295,6 +307,17 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
     served = server.served()["id"]
     first_version = version
     totals: Counter[str] = Counter()
+    failed_steps, stop_error, saved = 0, None, step
+
+    def save(at: int) -> None:
+        state = {
+            "step": at,
+            "optimizer": optimizer.state_dict(),
+            "rng": rng_state(),
+            "config": config.model_dump(),
+        }
+        run.save_checkpoint(at, model, tokenizer, state, config.keep_checkpoints)
+
     columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"))
     with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("rl", total=config.steps, completed=step, info="")
@@ -302,9 +325,18 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
             if ctx is not None and ctx.stop_reason():
                 break
             t0 = time.monotonic()
-            groups = asyncio.run(collect(task_app, config, step, served))
+            groups, errors = asyncio.run(collect(task_app, config, step, served))
             rollout_s = time.monotonic() - t0
+            for error in errors:
+                console.print(f"[yellow]group request failed[/]: {error}")
+            failed_steps = failed_steps + 1 if not groups else 0
+            if failed_steps >= MAX_FAILED_STEPS:
+                stop_error = (
+                    f"every group request failed in {failed_steps} steps in a row; last: {errors[-1]}"
+                )
+                break
             batch = build_batch(groups, config, version)
+            batch.stats["group_requests_failed"] += len(errors)
             totals.update(batch.stats)
             rewards = batch.rewards
             record: dict[str, Any] = {
@@ -321,6 +353,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                 "weights_version": version,
                 **{k: batch.stats.get(k, 0) for k in ("groups", "groups_all_equal", "members_failed")},
                 **{k: batch.stats.get(k, 0) for k in ("stale_samples", "decisions_without_tokens")},
+                "group_requests_failed": len(errors),
             }
             completion_tokens = sum(len(llm_tokens) for g in groups for llm_tokens in _completions(g))
             record["rollout_tokens_per_s"] = round(completion_tokens / max(rollout_s, 1e-9), 2)
@@ -352,13 +385,10 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
             )
             progress.update(task, advance=1, info=info)
             if step % config.save_every == 0 or step == config.steps:
-                state = {
-                    "step": step,
-                    "optimizer": optimizer.state_dict(),
-                    "rng": rng_state(),
-                    "config": config.model_dump(),
-                }
-                run.save_checkpoint(step, model, tokenizer, state, config.keep_checkpoints)
+                save(step)
+                saved = step
+    if step > saved:  # stopped early: keep what was trained, resumable
+        save(step)
     model.eval()
     save_weights(run.final, model, tokenizer)
     keys = ["reward_mean", "success_rate", "kl_ref", "clip_fraction", "approx_kl", "logprob_max_abs_diff"]
@@ -372,6 +402,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
         "reward_first": metrics[0]["reward_mean"] if metrics else None,
         "reward_last": metrics[-1]["reward_mean"] if metrics else None,
         "totals": dict(totals),
+        "error": stop_error,
         "metrics": str(run.metrics_path),
         "curves": str(run.curves_path),
     }

@@ -374,6 +374,7 @@ async function rolloutView(sessionId, params) {
   speed.addEventListener("change", () => { if (timer) { play(); play(); } });
   const onKey = (e) => {
     if (e.target.closest && e.target.closest("input, select, textarea")) { if (e.target !== slider) return; }
+    if (e.key === " " && e.target.closest && e.target.closest("button")) return; // the button's own click
     if (e.key === "ArrowRight") { show(pos + 1); e.preventDefault(); }
     else if (e.key === "ArrowLeft") { show(pos - 1); e.preventDefault(); }
     else if (e.key === " ") { play(); e.preventDefault(); }
