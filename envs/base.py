@@ -49,6 +49,11 @@ class UnknownPlugin(PluginError):
     """No environment or policy is registered under that name."""
 
 
+class EnvBusy(PluginError):
+    """A shared resource the environment needs (e.g. a simulator process) stayed busy past its
+    deadline; retrying later can succeed."""
+
+
 # --------------------------------------------------------------------------------------------
 # Environments
 # --------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from grpo_service.limits import BodySizeLimit
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator
-from grpo_service.routes import env, meta, policy, rollout, viewer
+from grpo_service.routes import agentgym, env, meta, policy, rollout, rollouts, viewer
 from grpo_service.serving.gc_tuning import serving_gc
 from grpo_service.serving.peers import PeerForwarder, PeerRouter
 from grpo_service.snapshots import SnapshotService, load_signing_key
@@ -151,8 +151,9 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout, viewer):  # each route lists the errors it can return
+    for module in (meta, env, policy, rollout, rollouts, viewer):  # each route lists the errors it can return
         app.include_router(module.router)
+    agentgym.mount(app, services)
     document_security(app)
     # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing
     # unauthenticated is read, parsed or forwarded), the body size, and the worker router.

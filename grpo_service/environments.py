@@ -107,6 +107,14 @@ class EnvManager:
             handle.last = await self.run(handle.env.reset, seed)
         return handle.last
 
+    async def query(self, env_id: str, fn: Callable[[Environment], T]) -> T:
+        """``fn(env)`` in a worker thread under the env's lock: reads that may be slow (a simulator
+        round trip) or that must not interleave with a step."""
+        handle = self.get(env_id)
+        async with handle.lock:
+            self._check_open(handle)
+            return await self.run(fn, handle.env)
+
     async def terminate(self, env_id: str) -> bool:
         """Idempotent: terminating an unknown or already-terminated env returns False."""
         handle = self.registry.envs.pop(env_id)

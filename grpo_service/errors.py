@@ -13,7 +13,15 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Send
 
-from envs.base import EpisodeOver, InvalidAction, InvalidConfig, InvalidState, PluginError, UnknownPlugin
+from envs.base import (
+    EnvBusy,
+    EpisodeOver,
+    InvalidAction,
+    InvalidConfig,
+    InvalidState,
+    PluginError,
+    UnknownPlugin,
+)
 from grpo_service.models import ErrorBody
 
 
@@ -74,6 +82,7 @@ _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [
     (InvalidState, 422, "invalid_snapshot"),
     (EpisodeOver, 409, "episode_over"),
     (UnknownPlugin, 400, "unknown_plugin"),
+    (EnvBusy, 429, "env_busy"),
 ]
 
 
@@ -149,5 +158,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _plugin_error(_: Request, exc: PluginError) -> JSONResponse:
         for cls, status, code in _PLUGIN_STATUS:
             if isinstance(exc, cls):
-                return JSONResponse(error_body(code, str(exc)), status)
+                headers = {"Retry-After": "1"} if status == 429 else None
+                return JSONResponse(error_body(code, str(exc)), status, headers=headers)
         return JSONResponse(error_body("bad_request", str(exc)), 400)

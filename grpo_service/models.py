@@ -30,7 +30,8 @@ RunId = Annotated[
 Name = Annotated[str, Field(min_length=1, max_length=64)]
 # Strict: `true` or `1.5` is a caller's mistake, not seed 1 or action 1.
 Seed = Annotated[int, Field(strict=True, ge=0, le=2**63 - 1)]
-Action = Annotated[str, Field(max_length=64)] | Annotated[int, Field(strict=True, ge=0, le=2**31)]
+# Text games take free-text actions ("move metal pot to sink", "craft 1 blue dye using 1 lapis lazuli").
+Action = Annotated[str, Field(max_length=512)] | Annotated[int, Field(strict=True, ge=0, le=2**31)]
 ConfigDict_ = Annotated[dict[str, Any], Field(default_factory=dict, description="Plug-in specific config.")]
 
 DEFAULT_RUN = "default"
@@ -534,7 +535,9 @@ class RolloutStep(BaseModel):
     turn: int = Field(description="Decision index in the rollout.")
     observation: dict[str, Any] | None = Field(default=None, description="What the policy saw.")
     tool_calls: list[dict[str, Any]] = Field(description="The policy's decision.")
-    actions: list[str] = Field(default_factory=list, description="The actions the env executed.")
+    actions: list[str | int] = Field(
+        default_factory=list, description="The actions the env executed (names, text, or primitive indices)."
+    )
     reward: float = Field(default=0.0, description="Reward of this step.")
     done: bool = Field(default=False, description="The episode ended here.")
     truncated: bool = Field(default=False, description="It ended at the step cap.")
@@ -847,3 +850,68 @@ class RunSummary(BaseModel):
 
 class RunList(PageInfo):
     runs: list[RunSummary] = Field(description="Oldest first; finished runs are kept for a while.")
+
+
+# ------------------------------------------------------------------------ batch rollouts
+
+
+class BatchRolloutsRequest(Request):
+    """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a temperature, "5" no count
+
+    env: Name = Field(examples=["textcraft"], description="An environment with an LLM agent (see /info).")
+    model: Name = Field(max_length=256, examples=["Qwen/Qwen3-1.7B"])
+    base_url: str = Field(
+        max_length=2048, examples=["http://127.0.0.1:8001"], description="The OpenAI-compatible server."
+    )
+    ids: list[Seed] = Field(min_length=1, max_length=1024, description="Task indices (AgentGym's data_idx).")
+    max_round: int = Field(ge=1, le=200, description="Most agent turns per rollout.")
+    prompt_format: Literal["agentgym", "tool_calls"] | None = Field(
+        default=None, description="Default: the agent's first ('agentgym' for AgentGym's games)."
+    )
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    concurrency: int = Field(default=8, ge=1, le=256, description="Rollouts in flight at once.")
+    env_config: ConfigDict_
+    policy_config: ConfigDict_ = Field(
+        description="More config for the agent (model and URL come from above)."
+    )
+    rl_run_id: RunId = DEFAULT_RUN
+    max_time_s: float = Field(default=3600.0, gt=0, le=86_400, description="Deadline of each rollout.")
+
+
+class TurnTokens(BaseModel):
+    """One model call: the token ids and logprobs exactly as the server returned them."""
+
+    prompt_token_ids: list[int] | None = Field(
+        default=None, description="The prompt as the server tokenized it."
+    )
+    completion_token_ids: list[int] | None = Field(default=None, description="The reply's tokens.")
+    completion_logprobs: list[float] | None = Field(default=None, description="One logprob per reply token.")
+    finish_reason: str | None = Field(default=None, description="`stop`, `length`, `tool_calls`, ...")
+
+
+class BatchRolloutResult(BaseModel):
+    id: int = Field(description="The task id, as requested.")
+    score: float | None = Field(default=None, description="On the environment's own scale.")
+    success: bool = Field(default=False, description="The task was solved.")
+    rounds: int = Field(default=0, description="Agent turns used.")
+    conversation: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages.")
+    turns: list[TurnTokens] | None = Field(
+        default=None, description="Per model call; null when the server returned no token ids."
+    )
+    stop_reason: str | None = Field(default=None, description="As in /rollout, e.g. `episode_done`.")
+    run_id: str | None = Field(default=None, description="The rollout's run id (its trace's `run_id`).")
+    error: str | None = Field(default=None, description="Set when this id failed; the batch goes on.")
+
+
+class BatchRolloutsResponse(BaseModel):
+    env: str = Field(description="The environment played.")
+    model: str = Field(description="The model asked.")
+    results: list[BatchRolloutResult] = Field(description="One per requested id, in order.")
+    completed: int = Field(description="Results without an error.")
+    failed: int = Field(description="Results with an error.")
+    mean_score: float | None = Field(description="Mean score of the completed ones.")
+    success_rate: float | None = Field(description="Share of completed ones that succeeded.")
+    wall_time_s: float = Field(description="Seconds the batch took.")

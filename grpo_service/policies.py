@@ -12,6 +12,15 @@ from grpo_service.snapshots import SnapshotService, decode_json_state
 from inference import compact_response
 
 
+def check_plays(policy_name: str, env_name: str, what: str) -> None:
+    """Refuse (422) a policy made for another environment: ``what`` names the env in the message."""
+    plays = policy_class(policy_name).env_name
+    if plays and env_name != plays:
+        raise Unprocessable(
+            f"policy {policy_name!r} plays {plays!r}; {what} is {env_name!r}", code="env_policy_mismatch"
+        )
+
+
 class PolicyManager:
     def __init__(self, registry: Registry, snapshots: SnapshotService, context: PolicyContext):
         self.registry = registry
@@ -39,11 +48,7 @@ class PolicyManager:
         cls = policy_class(policy_name)
         if bound_env_id is not None:
             env = self.registry.envs.get(bound_env_id)
-            if cls.env_name and env.env_name != cls.env_name:
-                raise Unprocessable(
-                    f"policy {policy_name!r} plays {cls.env_name!r}; env {bound_env_id} is {env.env_name!r}",
-                    code="env_policy_mismatch",
-                )
+            check_plays(policy_name, env.env_name, f"env {bound_env_id}")
         self.registry.policies.reserve()
         policy = cls.create(config, self.context)
         return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)

@@ -206,7 +206,7 @@ def main() -> None:
             lap("eval rl")
     engine.close()
     report["timings_s"] = timings
-    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     for stage in ("eval_start", "eval_sft", "eval_rl"):
         e = report[stage]
         print(

@@ -31,7 +31,7 @@ from grpo_service.models import (
     RolloutRequest,
     RolloutResponse,
 )
-from grpo_service.policies import PolicyManager
+from grpo_service.policies import PolicyManager, check_plays
 from grpo_service.registry import EnvHandle, Registry, RunHandle, new_instance_id
 from grpo_service.rollout.episode import EpisodeLoop, unshared
 from grpo_service.rollout.records import final_record, metrics, trajectory, untrainable_warning
@@ -120,6 +120,8 @@ class RolloutCoordinator:
         group_index: int | None,
     ) -> RolloutResponse:
         started_wall, started = time.time(), time.monotonic()
+        if adopt_env is None and req.policy.policy_name and req.env.env_name:
+            check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
         env, owns_env = (
             (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
         )
@@ -202,6 +204,8 @@ class RolloutCoordinator:
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
+        if req.policy.policy_name and req.env.env_name:  # before G envs are built for nothing
+            check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         group_id = req.group_id or new_instance_id()
         member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         self.runs.admit([group_id, *member_ids])

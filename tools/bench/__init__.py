@@ -97,19 +97,34 @@ def bench_main(
     smoke: Annotated[
         bool, typer.Option("--smoke", hidden=True, help="Tiny run for tests (seconds).")
     ] = False,
+    envs: Annotated[
+        bool,
+        typer.Option(
+            "--envs/--no-envs", help="Also measure every environment: steps/s, restores, oracle baselines."
+        ),
+    ] = True,
+    envs_only: Annotated[bool, typer.Option("--envs-only", help="Measure the environments only.")] = False,
 ) -> None:
     """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
     from rich.console import Console
 
+    from tools.bench import envs as env_bench
     from tools.bench.run import run_bench
 
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
-    # markup=False: a progress line such as "spread [1.2, 3.4]" is text, not a rich tag.
-    report = run_bench(
-        mode, pinning=pin, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
-    )
-    render_table(report, console)
+
+    def log(line: str) -> None:
+        # markup=False: a progress line such as "spread [1.2, 3.4]" is text, not a rich tag.
+        console.print(line, style="dim", highlight=False, markup=False)
+
+    report: dict[str, Any] = {"mode": mode}
+    if not envs_only:
+        report = run_bench(mode, pinning=pin, log=log)
+        render_table(report, console)
+    if envs or envs_only:
+        report["environments"] = env_bench.run_env_bench(mode, log)
+        env_bench.render(report["environments"], console)
     if json_path is not None:
         json_path.write_text(json.dumps(report, indent=2) + "\n")
         console.print(f"wrote {json_path}")

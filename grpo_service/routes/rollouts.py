@@ -1,0 +1,23 @@
+"""``POST /rollouts``: seed 003's batch of LLM rollouts, one per task id (`grpo_service.batch`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+
+from grpo_service.auth import require_api_key
+from grpo_service.batch import run_batch
+from grpo_service.deps import ServicesDep
+from grpo_service.errors import error_responses
+from grpo_service.limits import StrictJSONRoute
+from grpo_service.models import BatchRolloutsRequest, BatchRolloutsResponse
+
+router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
+
+
+@router.post("/rollouts", response_model=BatchRolloutsResponse, responses=error_responses(400, 413, 422, 429))
+async def rollouts(req: BatchRolloutsRequest, services: ServicesDep) -> BatchRolloutsResponse:
+    """One rollout per id with the env's LLM agent against ``base_url``/``model``: per id, in order,
+    the score on the env's scale, success, rounds, the conversation, and token ids and logprobs
+    when the server returns them. Ids run concurrently (``concurrency``); a failing id is an
+    error entry; every rollout is traced."""
+    return await run_batch(req, services)

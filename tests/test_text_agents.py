@@ -1,0 +1,96 @@
+"""The LLM agents of TextCraft, BabyAI and SciWorld (configurations of the generic agent), and
+seed 003's ``POST /rollouts`` with them against the vLLM-shaped fake."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+os.environ.setdefault("SCIWORLD_JVMS", "1")
+
+from envs.base import POLICIES, PolicyContext  # noqa: E402
+from envs.text_game import TOOL_NAME  # noqa: E402
+from tests.conftest import MODEL  # noqa: E402
+from tests.test_batch_rollouts import traced_sessions  # noqa: E402
+from tools.fake_server import FakeConfig, FakeInferenceServer  # noqa: E402
+from tools.server_thread import ServerThread  # noqa: E402
+
+GAMES = ("textcraft", "babyai", "sciworld")
+
+
+@pytest.fixture
+def acting_llm(fake_llm: FakeInferenceServer) -> Iterator[FakeInferenceServer]:
+    """The fake answers in AgentGym's ReAct form with one of a few TextCraft actions."""
+    fake_llm.set_config(FakeConfig(model=MODEL, text_actions=["get 1 oak logs", "inventory"]))
+    try:
+        yield fake_llm
+    finally:
+        fake_llm.set_config(FakeConfig(model=MODEL))
+
+
+@pytest.mark.parametrize("game", GAMES)
+async def test_agent_builds_agentgyms_conversation_and_the_act_tool(game: str) -> None:
+    cls = POLICIES[f"{game}-agent"]
+    assert cls.env_name == game and cls.uses_inference
+    policy = cls.create({"model": "m"}, PolicyContext())
+    observation = {"text": "You see a door."}
+    request = (await policy.step(observation, dry_run=True)).meta["inference_request"]
+    messages = request["messages"]
+    assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+    assert messages[1]["content"] == "OK. I'll follow your instructions and try my best to solve the task."
+    assert messages[2]["content"] == "You see a door." and "tools" not in request
+    tools = cls.create({"model": "m", "prompt_format": "tool_calls"}, PolicyContext())
+    request = (await tools.step(observation, dry_run=True)).meta["inference_request"]
+    assert [t["function"]["name"] for t in request["tools"]] == [TOOL_NAME]
+
+
+def test_seed_curl_line_with_textcraft_records_conversation_tokens_and_traces(
+    start_server: Callable[..., ServerThread], acting_llm: FakeInferenceServer, tmp_path: Path
+) -> None:
+    db = tmp_path / "traces.db"
+    server = start_server(trace_db=db)
+    body = {
+        "env": "textcraft",
+        "model": MODEL,
+        "base_url": acting_llm.base_url,
+        "ids": [0, 1, 2, 3],
+        "max_round": 3,
+    }
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        r = client.post("/rollouts", json=body)
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [res["id"] for res in results] == [0, 1, 2, 3]
+    for res in results:
+        assert res["error"] is None and res["rounds"] == 3 and res["score"] == 0.0 and not res["success"]
+        conversation = res["conversation"]
+        assert [m["role"] for m in conversation] == ["user", "assistant"] + ["user", "assistant"] * 3 + [
+            "user"
+        ]
+        assert conversation[2]["content"].startswith("Crafting commands:")
+        assert "\nAction: " in conversation[3]["content"]
+        assert conversation[4]["content"] in (
+            "Got 1 oak logs",
+            "Inventory: You are not carrying anything.",
+        ) or (conversation[4]["content"].startswith("Inventory: [oak logs]"))
+        assert len(res["turns"]) == 3 and all(t["completion_token_ids"] for t in res["turns"])
+    rows = traced_sessions(db, 4)
+    assert sorted(seed for env, seed, _, _ in rows if env == "textcraft") == [0, 1, 2, 3]
+
+
+def test_out_of_range_ids_name_the_range(client: httpx.Client, fake_llm: FakeInferenceServer) -> None:
+    body = {
+        "env": "sciworld",
+        "model": MODEL,
+        "base_url": fake_llm.base_url,
+        "ids": [0, 4639],
+        "max_round": 1,
+    }
+    r = client.post("/rollouts", json=body)
+    assert r.status_code == 422 and "ids[1]=4639" in r.json()["detail"] and "0..4638" in r.json()["detail"]
+    r = client.post("/rollouts", json={**body, "env": "textcraft", "ids": [544]})
+    assert r.status_code == 422 and "0..543" in r.json()["detail"]
