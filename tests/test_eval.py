@@ -165,7 +165,8 @@ def test_eval_runs_for_every_registered_environment(
     out = tmp_path / "eval.json"
     args = ["eval", "--base-url", server.base_url, "--env", env_name, "--model", MODEL, "--episodes", "1"]
     result = runner.invoke(app, [*args, "--max-turns", "1", "--json", str(out)])
-    assert result.exit_code == 0, result.output
+    # 1: the episode ran but did not complete (the fake's reply may not be a valid action here).
+    assert result.exit_code in (0, 1), result.output
     report = json.loads(out.read_text())
     aggregate_ = report["aggregate"]  # seed 000's keys, then the environment's own metrics
     assert list(aggregate_)[:5] == [
