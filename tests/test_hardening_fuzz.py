@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inference.fake_server import FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.fuzz_schemathesis import KEY, run_schemathesis, unlisted_routes_schema
+from tools.fake_server import FakeInferenceServer
+from tools.server_thread import ServerThread
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.server_thread import ServerThread
+from tools.server_thread import ServerThread
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
