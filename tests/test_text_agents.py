@@ -112,6 +112,6 @@ def test_eval_env_textcraft_reports_success_rate_and_mean_score(
     assert result.exit_code == 0, result.output
     assert "success rate" in result.output and "mean score" in result.output
     report = json.loads(out.read_text())
-    assert report["summary"]["success_rate"] == 0.0 and report["summary"]["mean_score"] == 0.0
+    assert report["aggregate"]["success_rate"] == 0.0 and report["aggregate"]["mean_score"] == 0.0
     assert report["config"]["env_name"] == "textcraft"
     assert [e["total_return"] for e in report["episodes"]] == [0.0, 0.0, 0.0]
