@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 ROOT = Path(__file__).resolve().parent
 PYPROJECT = ROOT / "pyproject.toml"
-LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training")
+LOCAL_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training", "tools")
 # What of them the image gets: Python sources, and the trace viewer's page (HTML, CSS, JS).
 SHIPPED_FILES = modal.FilePatternMatcher("**/*.py", "**/viewer/static/*")
 
@@ -161,6 +161,6 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":
-    from grpo_service.server import serve
+    from grpo_service.serving.server import serve
 
     serve(Settings())

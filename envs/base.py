@@ -99,6 +99,16 @@ class Frame:
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
 
 
+@dataclass(frozen=True, slots=True)
+class EpisodeOutcome:
+    """One evaluated episode, as an environment's evaluation metrics see it."""
+
+    total_return: float
+    achievements: tuple[str, ...] = ()
+    turns: int = 0
+    steps: int = 0
+
+
 def parse_config(model: type[PluginConfig], config: dict[str, Any] | None, what: str) -> PluginConfig:
     """Validate a raw config dict, or raise `InvalidConfig` naming the plug-in and the fields."""
     try:
@@ -122,6 +132,8 @@ class Environment(abc.ABC, Generic[ConfigT]):
     # them on its event loop instead of handing each to a worker thread (the hand-off and GIL
     # contention cost more CPU than a short step). Longer steps, resets and snapshots use threads.
     inline_step_max_actions: ClassVar[int] = 0
+    # Achievements an episode can unlock, in the order evaluation reports them (none: a task).
+    achievements: ClassVar[tuple[str, ...]] = ()
 
     config: ConfigT
     seed: int
@@ -174,6 +186,17 @@ class Environment(abc.ABC, Generic[ConfigT]):
         between steps, so it must neither change the state nor draw from the env's RNG.
         """
         return None
+
+    @classmethod
+    def eval_metrics(cls, episodes: Sequence[EpisodeOutcome]) -> dict[str, Any]:
+        """This environment's own evaluation metrics over the scored episodes, reported beside
+        the common ones (completed, total, avg_turns, ...). Default, for a task with a goal:
+        ``success_rate`` (share of episodes with a positive return) and ``mean_score``."""
+        n = len(episodes)
+        return {
+            "success_rate": sum(1 for e in episodes if e.total_return > 0) / n if n else 0.0,
+            "mean_score": sum(e.total_return for e in episodes) / n if n else 0.0,
+        }
 
     def state_metadata(self) -> dict[str, Any]:
         """Versions and facts recorded beside the state in a snapshot."""

@@ -20,14 +20,15 @@ from grpo_service.config import Settings
 from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
 from grpo_service.errors import install_error_handlers
-from grpo_service.gc_tuning import serving_gc
 from grpo_service.limits import BodySizeLimit
-from grpo_service.peers import PeerForwarder, PeerRouter
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
-from grpo_service.rollout import RolloutCoordinator, TraceSink
+from grpo_service.rollout import RolloutCoordinator
 from grpo_service.routes import agentgym, env, meta, policy, rollout, rollouts, training, viewer
+from grpo_service.serving.gc_tuning import serving_gc
+from grpo_service.serving.peers import PeerForwarder, PeerRouter
 from grpo_service.snapshots import SnapshotService, load_signing_key
+from grpo_service.tracing.traces import TraceSink
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
 

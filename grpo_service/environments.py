@@ -87,6 +87,20 @@ class EnvManager:
             handle.touch()
         return handle.last
 
+    async def current(self, handle: EnvHandle) -> StepResult:
+        """The env's latest result; observed (without advancing) if it has none yet."""
+        return handle.last or await self.run(handle.env.observe)
+
+    @staticmethod
+    def seed(handle: EnvHandle) -> int | None:
+        return getattr(handle.env, "seed", None)
+
+    @staticmethod
+    def config(handle: EnvHandle) -> dict[str, Any] | None:
+        """The config the env was built with, as JSON."""
+        config = getattr(handle.env, "config", None)
+        return config.model_dump(mode="json") if hasattr(config, "model_dump") else None
+
     async def reset_handle(self, handle: EnvHandle, seed: int | None = None) -> StepResult:
         async with handle.lock:
             self._check_open(handle)

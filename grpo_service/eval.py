@@ -1,9 +1,10 @@
-"""Evaluating a policy/model on Crafter through the task app's ``/rollout``.
+"""Evaluating a policy/model on any registered environment through the task app's ``/rollout``.
 
 N episodes (one per seed) run with bounded concurrency. The aggregate keeps the reference's
-keys (``completed``, ``total``, ``avg_turns``, ``avg_achievements``, ``achievements_freq``) and
-adds the Crafter score (Hafner 2021: ``exp(mean_i ln(1 + s_i)) - 1`` over the 22 per-achievement
-success rates ``s_i`` in percent), the success rates, the mean return and failures by cause.
+keys (``completed``, ``total``, ``avg_turns``, ``avg_achievements``, ``achievements_freq``), adds
+the mean return and failures by cause, and the environment's own metrics
+(`Environment.eval_metrics`: Crafter's per-achievement success rates and Crafter score; a task's
+success rate and mean score).
 
 Which episodes count where:
 - ``total``: episodes attempted. ``completed``: the service returned the rollout and it ended
@@ -19,31 +20,31 @@ Which episodes count where:
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-import httpx
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from grpo_service.cli.http import (
+from envs.base import Environment, EpisodeOutcome
+from grpo_service.client import (
+    AsyncTaskAppClient,
     ServiceCallError,
-    acall,
     build_policy_config,
-    headers,
     policy_uses_inference,
     rollout_failure,
-    timeout,
 )
+from grpo_service.models import RolloutResponse, ServiceInfo
 
 
-def crafter_achievements() -> tuple[str, ...]:
-    from envs.crafter.actions import ACHIEVEMENTS
+def environment_metrics(env_name: str) -> type[Environment]:
+    """The class whose ``eval_metrics``/``achievements`` apply (the base's for an env this
+    process does not have: the service may host more than the client installs)."""
+    import envs  # registers the built-in environments
 
-    return ACHIEVEMENTS
+    return envs.ENVIRONMENTS.get(env_name, Environment)
 
 
 def parse_seeds(spec: str | list[int] | None) -> list[int] | None:
@@ -82,7 +83,7 @@ class EvalConfig(BaseModel):
     inference_url: str | None = None
     inference_api_key: str | None = None
     model: str | None = None
-    policy: str = "crafter-react"
+    policy: str | None = Field(default=None, description="Default: the environment's LLM policy.")
     env_name: str = "crafter"
     episodes: int | None = Field(default=None, ge=1)
     max_turns: int = Field(default=10, ge=1)
@@ -123,28 +124,19 @@ class EpisodeResult(BaseModel):
     wall_s: float = 0.0
 
 
-def crafter_score(success_rates_percent: list[float]) -> float:
-    """The Crafter paper's score: the geometric mean of (1 + success rate %) minus 1."""
-    if not success_rates_percent:
-        return 0.0
-    return math.exp(sum(math.log1p(s) for s in success_rates_percent) / len(success_rates_percent)) - 1
-
-
-def aggregate(results: list[EpisodeResult], achievements: tuple[str, ...]) -> dict[str, Any]:
+def aggregate(results: list[EpisodeResult], env: type[Environment]) -> dict[str, Any]:
     scored = [r for r in results if r.returned]
     n = len(scored)
     freq = Counter(a for r in scored for a in set(r.achievements))
-    rates = {a: (100.0 * freq[a] / n if n else 0.0) for a in achievements}
-    extra = sorted(set(freq) - set(achievements))  # not Crafter's: reported, not scored
-    return {
+    declared = [a for a in env.achievements if freq[a]]
+    outcomes = [EpisodeOutcome(r.total_return, tuple(r.achievements), r.turns, r.steps) for r in scored]
+    return {  # seed 000's keys first, in its order
         "completed": sum(1 for r in results if r.failure is None),
         "total": len(results),
-        "scored": n,
         "avg_turns": (sum(r.turns for r in scored) / n) if n else 0.0,
         "avg_achievements": (sum(len(set(r.achievements)) for r in scored) / n) if n else 0.0,
-        "achievements_freq": {a: freq[a] for a in [*achievements, *extra] if freq[a]},
-        "success_rates": rates,
-        "crafter_score": crafter_score(list(rates.values())),
+        "achievements_freq": {a: freq[a] for a in [*declared, *sorted(set(freq) - set(declared))]},
+        "scored": n,
         "mean_return": (sum(r.total_return for r in scored) / n) if n else 0.0,
         "failures": dict(Counter(r.failure for r in results if r.failure is not None)),
         # The first episode's words for each cause, e.g. "Cannot connect to host ...".
@@ -152,14 +144,27 @@ def aggregate(results: list[EpisodeResult], achievements: tuple[str, ...]) -> di
             cause: next(r.error for r in results if r.failure == cause and r.error)
             for cause in {r.failure for r in results if r.failure is not None and r.error}
         },
+        **env.eval_metrics(outcomes),
     }
 
 
-def _episode_request(config: EvalConfig, policy_config: dict[str, Any], run_id: str, seed: int) -> dict:
+def default_policy(info: ServiceInfo | None, env_name: str) -> str:
+    """The service's first LLM policy for ``env_name`` (else its first policy for it)."""
+    mine = [p for p in (info.policies if info else []) if p.env_name == env_name]
+    for plugin in sorted(mine, key=lambda p: not p.uses_inference):
+        return plugin.name
+    if info is None:
+        return "crafter-react" if env_name == "crafter" else f"{env_name}-react"
+    raise ValueError(f"the service has no policy for environment {env_name!r}; name one with --policy")
+
+
+def _episode_request(
+    config: EvalConfig, policy: str, policy_config: dict[str, Any], run_id: str, seed: int
+) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "env": {"env_name": config.env_name, "seed": seed, "config": config.env_config},
-        "policy": {"policy_name": config.policy, "config": policy_config},
+        "policy": {"policy_name": policy, "config": policy_config},
         "max_turns": config.max_turns,
         "on_done": "terminate",
         "mode": "eval",
@@ -169,24 +174,26 @@ def _episode_request(config: EvalConfig, policy_config: dict[str, Any], run_id: 
     }
 
 
-def _result(index: int, seed: int, run_id: str, response: dict[str, Any], wall_s: float) -> EpisodeResult:
-    metrics = response.get("metrics") or {}
-    stop_reason = response.get("stop_reason")
-    failure, detail = rollout_failure(response)
+def _result(
+    index: int, seed: int, run_id: str, started: float, outcome: RolloutResponse | ServiceCallError
+) -> EpisodeResult:
+    common: dict[str, Any] = {"index": index, "seed": seed, "run_id": run_id}
+    common["wall_s"] = round(time.monotonic() - started, 3)
+    if isinstance(outcome, ServiceCallError):  # no response: nothing to score
+        return EpisodeResult(**common, returned=False, failure=outcome.cause, error=outcome.detail)
+    metrics = outcome.metrics
+    failure, detail = rollout_failure(outcome)
     return EpisodeResult(
-        index=index,
-        seed=seed,
-        run_id=run_id,
+        **common,
         returned=True,
-        status=response.get("status"),
-        stop_reason=stop_reason,
+        status=outcome.status,
+        stop_reason=outcome.stop_reason,
         failure=failure,
         error=detail,
-        turns=int(metrics.get("num_decisions") or 0),
-        steps=int(metrics.get("num_steps") or 0),
-        achievements=list(metrics.get("achievements") or []),
-        total_return=float(sum(metrics.get("episode_returns") or [0.0])),
-        wall_s=round(wall_s, 3),
+        turns=metrics.num_decisions,
+        steps=metrics.num_steps,
+        achievements=list(metrics.achievements),
+        total_return=float(sum(metrics.episode_returns)),
     )
 
 
@@ -196,18 +203,18 @@ async def run_eval(
     """Play every episode; an episode that fails is recorded as such, never raised."""
     seeds = config.episode_seeds()
     tag = uuid.uuid4().hex[:6]
-    limits = httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency)
-    async with httpx.AsyncClient(
-        base_url=config.base_url, headers=headers(config.api_key), timeout=timeout(30.0), limits=limits
+    async with AsyncTaskAppClient(
+        config.base_url, config.api_key, timeout_s=30.0, max_connections=config.concurrency
     ) as client:
         try:
-            info = await acall(client, "GET", "/info")
+            info: ServiceInfo | None = await client.info()
         except ServiceCallError as exc:
             if exc.status is None or exc.status in (401, 403):
                 raise
             info = None
+        policy = config.policy or default_policy(info, config.env_name)
         policy_config = build_policy_config(
-            policy_uses_inference(info, config.policy),
+            policy_uses_inference(info, policy),
             model=config.model,
             inference_url=config.inference_url,
             inference_api_key=config.inference_api_key,
@@ -219,25 +226,14 @@ async def run_eval(
             run_id = f"eval-{tag}-{index:04d}-s{seed}"
             async with gate:
                 started = time.monotonic()
+                outcome: RolloutResponse | ServiceCallError
                 try:
-                    response = await acall(
-                        client,
-                        "POST",
-                        "/rollout",
-                        json=_episode_request(config, policy_config, run_id, seed),
-                        read_timeout_s=config.timeout_s + 30,
+                    outcome = await client.rollout(
+                        _episode_request(config, policy, policy_config, run_id, seed)
                     )
-                    result = _result(index, seed, run_id, response, time.monotonic() - started)
                 except ServiceCallError as exc:
-                    result = EpisodeResult(
-                        index=index,
-                        seed=seed,
-                        run_id=run_id,
-                        returned=False,
-                        failure=exc.cause,
-                        error=exc.detail,
-                        wall_s=round(time.monotonic() - started, 3),
-                    )
+                    outcome = exc
+                result = _result(index, seed, run_id, started, outcome)
             if on_result is not None:
                 on_result(result)
             return result

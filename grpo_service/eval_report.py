@@ -1,6 +1,6 @@
 """An evaluation as one self-contained HTML file: the aggregate, charts and a link per episode.
 
-`render_report` takes the result ``grpo-service eval --json`` writes (``summary``, ``config``,
+`render_report` takes the result ``grpo-service eval --json`` writes (``aggregate``, ``config``,
 ``episodes``) and nothing else, so it works for any environment: it shows the summary's scalar
 metrics (the Crafter score when there is one), a chart of per-achievement success rates (from
 ``summary.success_rates``, else counted from the episodes), the distribution of returns,
@@ -70,9 +70,14 @@ def _png(fig: Any) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
 
 
+def _aggregate(result: dict[str, Any]) -> dict[str, Any]:
+    """The eval JSON's aggregate (``"summary"`` in files written before it was named so)."""
+    return result.get("aggregate") or result.get("summary") or {}
+
+
 def success_rates(result: dict[str, Any]) -> dict[str, float]:
     """Per-achievement success rates in percent: the summary's, else counted from the episodes."""
-    rates = (result.get("summary") or {}).get("success_rates")
+    rates = _aggregate(result).get("success_rates")
     if isinstance(rates, dict) and rates:
         return {str(k): float(v) for k, v in rates.items()}
     scored = [e for e in result.get("episodes") or [] if e.get("returned", True)]
@@ -152,7 +157,7 @@ def _scalars(summary: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def render_report(result: dict[str, Any], *, viewer_url: str | None = None, title: str | None = None) -> str:
     """The HTML of one evaluation (``result`` as ``grpo-service eval --json`` writes it)."""
-    summary = result.get("summary") or {}
+    summary = _aggregate(result)
     config = result.get("config") or {}
     episodes = list(result.get("episodes") or [])
     returned = [e for e in episodes if e.get("returned", True)]

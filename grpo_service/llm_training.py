@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from grpo_service.cli.http import acall, headers, timeout
+from grpo_service.client import acall, headers, timeout
 from training.llm.config import RLConfig, SFTConfig
 
 

@@ -863,10 +863,25 @@ class RunList(PageInfo):
 class BatchRolloutsRequest(Request):
     """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a temperature, "5" no count
+    # `true` is not a temperature, "5" no count
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "env": "textcraft",
+                    "model": "<a model your server serves, e.g. Qwen/Qwen3-1.7B>",
+                    "base_url": "<base_url of your OpenAI-compatible server, e.g. http://127.0.0.1:8001>",
+                    "ids": [0, 1],
+                    "max_round": 5,
+                }
+            ]
+        },
+    )
 
     env: Name = Field(examples=["textcraft"], description="An environment with an LLM agent (see /info).")
-    model: Name = Field(max_length=256, examples=["Qwen/Qwen3-1.7B"])
+    model: Name = Field(max_length=256, examples=["Qwen/Qwen3-1.7B"], description="The model to ask.")
     base_url: str = Field(
         max_length=2048, examples=["http://127.0.0.1:8001"], description="The OpenAI-compatible server."
     )
@@ -875,14 +890,14 @@ class BatchRolloutsRequest(Request):
     prompt_format: Literal["agentgym", "tool_calls"] | None = Field(
         default=None, description="Default: the agent's first ('agentgym' for AgentGym's games)."
     )
-    temperature: float | None = Field(default=None, ge=0, le=2)
-    max_tokens: int | None = Field(default=None, ge=1, le=32_768)
+    temperature: float | None = Field(default=None, ge=0, le=2, description="Sampling temperature.")
+    max_tokens: int | None = Field(default=None, ge=1, le=32_768, description="Most tokens per reply.")
     concurrency: int = Field(default=8, ge=1, le=256, description="Rollouts in flight at once.")
     env_config: ConfigDict_
     policy_config: ConfigDict_ = Field(
         description="More config for the agent (model and URL come from above)."
     )
-    rl_run_id: RunId = DEFAULT_RUN
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
     max_time_s: float = Field(default=3600.0, gt=0, le=86_400, description="Deadline of each rollout.")
 
 

@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envs.base import Policy, PolicyContext, PolicyDecision, policy_class
+from envs.base import Policy, PolicyContext, PolicyDecision, StepResult, policy_class
 from grpo_service.errors import NotFound, Unprocessable
 from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_instance_id
 from grpo_service.snapshots import SnapshotService, decode_json_state
+from inference import compact_response
 
 
 def check_plays(policy_name: str, env_name: str, what: str) -> None:
@@ -67,7 +68,26 @@ class PolicyManager:
                 observation, dry_run=dry_run, record_logprobs=record_logprobs, timeout_s=timeout_s
             )
             handle.touch()
-            return decision
+        if decision.llm_call is not None:  # ids and logprobs stay in their own fields
+            decision.llm_call.response = compact_response(decision.llm_call.response)
+        return decision
+
+    @staticmethod
+    def observe_outcome(handle: PolicyHandle, result: StepResult) -> None:
+        """Tell the policy what its tool calls did (it keeps its history)."""
+        handle.policy.observe_outcome(result)
+
+    @staticmethod
+    def reset(handle: PolicyHandle) -> None:
+        """The bound env started a new episode: the policy forgets the last one."""
+        handle.policy.reset()
+
+    @staticmethod
+    def public_config(handle: PolicyHandle) -> dict[str, Any]:
+        """The policy's config as traces show it: never a key."""
+        state = handle.policy.get_state()
+        config = state.get("config") if isinstance(state, dict) else None
+        return {k: v for k, v in (config or {}).items() if "key" not in k.lower()}
 
     async def terminate(self, policy_id: str) -> bool:
         handle = self.registry.policies.pop(policy_id)

@@ -24,7 +24,7 @@ from grpo_service.errors import CapacityExceeded, NotFound, WrongInstance
 # Every process tags the env, policy and run ids it issues with its instance, so that a request
 # reaching another replica (Modal does not route by id) gets a clear 421 instead of a misleading
 # 404, and so that a multi-worker server can forward it to the worker that owns the id
-# (`grpo_service.peers`). The worker supervisor chooses each worker's tag (GRPO_INSTANCE_ID).
+# (`grpo_service.serving.peers`). The worker supervisor chooses each worker's tag (GRPO_INSTANCE_ID).
 INSTANCE_ENV_VAR = "GRPO_INSTANCE_ID"
 INSTANCE_TAG = re.compile(r"^[0-9a-f]{8}$")
 # An issued id, its instance tag captured; a group member's run id is its group's id + ".{index}".

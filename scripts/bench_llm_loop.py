@@ -29,8 +29,8 @@ from grpo_service.eval import EvalConfig, run_eval
 from grpo_service.llm_training import TaskAppClient
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
 from training.llm.model import ModelSpec, environment_corpus, init_model
 from training.llm.rl import train_rl

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from grpo_service import Settings, create_app
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 MODEL = "fake-qwen3"
 

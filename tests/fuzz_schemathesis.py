@@ -105,8 +105,8 @@ def run_schemathesis(base_url: str, workdir: Path, **options: object) -> subproc
 
 def main(argv: list[str] | None = None) -> int:
     from grpo_service import Settings, create_app
-    from inference.fake_server import FakeConfig, FakeInferenceServer
-    from inference.server_thread import ServerThread
+    from tools.fake_server import FakeConfig, FakeInferenceServer
+    from tools.server_thread import ServerThread
 
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter

@@ -18,8 +18,8 @@ from envs.agent import (
 )
 from envs.base import InvalidAction, InvalidConfig, InvalidState, PluginConfig, PolicyContext, StepResult
 from inference import InferenceClient
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.toy_tokenizer import token_id, tokenize
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.toy_tokenizer import token_id, tokenize
 
 INSTRUCTION = "You are in a small house. Reach the kitchen. Reply with one line 'Action: <action>'."
 DOORS = ["go north", "go east", "look"]

@@ -219,7 +219,7 @@ def test_sciworld_gold_path_scores_100_and_step_limit_ends() -> None:
 
 
 def test_env_bench_smoke_reports_every_env() -> None:
-    from grpo_service.bench.envs import run_env_bench
+    from tools.bench.envs import run_env_bench
 
     report = run_env_bench("smoke")
     assert set(report["steps_per_s"]) == {"crafter", "textcraft", "babyai", "sciworld"}

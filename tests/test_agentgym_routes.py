@@ -22,8 +22,8 @@ os.environ.setdefault("SCIWORLD_JVMS", "1")
 from envs.text_game import parse_react_action  # noqa: E402
 from envs.textcraft.planner import Planner  # noqa: E402
 from envs.textcraft.recipes import recipe_book  # noqa: E402
-from inference.server_thread import ServerThread  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
+from tools.server_thread import ServerThread  # noqa: E402
 
 
 class AgentGymClient:

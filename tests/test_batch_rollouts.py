@@ -9,8 +9,8 @@ from pathlib import Path
 
 import httpx
 
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 
 def batch(client: httpx.Client, llm: FakeInferenceServer, **fields: object) -> httpx.Response:

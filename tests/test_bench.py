@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grpo_service.bench import FIGURE_KEYS, RATIO_KEYS
-from grpo_service.bench.http import RawClient
-from grpo_service.bench.procs import ChildServer
 from grpo_service.cli import app
+from tools.bench import FIGURE_KEYS, RATIO_KEYS
+from tools.bench.http import RawClient
+from tools.bench.procs import ChildServer
 
 ISSUE_FIGURES = {
     "raw_crafter_steps_per_s",
@@ -81,7 +81,7 @@ async def test_child_server_listens_on_loopback_and_stops(tmp_path: Path) -> Non
 def test_serving_gc_raises_thresholds_and_restores_them() -> None:
     import gc
 
-    from grpo_service.gc_tuning import SERVING_THRESHOLDS, serving_gc
+    from grpo_service.serving.gc_tuning import SERVING_THRESHOLDS, serving_gc
 
     before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)
@@ -97,7 +97,7 @@ def test_serving_gc_raises_thresholds_and_restores_them() -> None:
 
 
 def test_progress_lines_show_every_kind_of_value() -> None:
-    from grpo_service.bench.run import _shown
+    from tools.bench.run import _shown
 
     assert _shown(1234.5) == ": 1,234" and _shown(3) == ": 3.00" and _shown(0.25) != ""
     assert _shown({"snapshot_p50_ms": 2.5, "note": "x"}) == ": snapshot_p50_ms 2.50"

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from grpo_service.cli import app
 from grpo_service.tracing import TraceReader, TraceWriter
 from grpo_service.tracing.export import validate_example
-from grpo_service.tracing.synthetic import synthetic_trace
-from inference.fake_server import FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
+from tools.fake_server import FakeInferenceServer
+from tools.server_thread import ServerThread
+from tools.synthetic_traces import synthetic_trace
 
 runner = CliRunner()
 

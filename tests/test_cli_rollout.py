@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from grpo_service.cli import app
 from grpo_service.tracing import TraceReader
-from inference.fake_server import FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
+from tools.fake_server import FakeInferenceServer
+from tools.server_thread import ServerThread
 
 runner = CliRunner()
 

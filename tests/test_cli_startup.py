@@ -28,7 +28,7 @@ HEAVY = (
     "grpo_service.app",
     "grpo_service.eval",
     "grpo_service.tracing.export",
-    "grpo_service.bench.run",
+    "tools.bench.run",
 )
 
 PROBE = """

@@ -19,7 +19,7 @@ from envs.crafter.policy import (
     system_prompt,
 )
 from inference import InferenceClient, shared_pool
-from inference.fake_server import FakeConfig, FakeInferenceServer
+from tools.fake_server import FakeConfig, FakeInferenceServer
 
 SECRET = "sk-policy-secret-0123456789abcdef"
 OBS = {"text": "Step 0/10000. Health 9/9. Facing down: grass.", "status": {"health": 9}}

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from grpo_service.models import RolloutRequest
-from inference.server_thread import ServerThread
+from tools.server_thread import ServerThread
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"

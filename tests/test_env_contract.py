@@ -20,8 +20,8 @@ import pytest
 os.environ.setdefault("SCIWORLD_JVMS", "1")
 
 from envs import ENVIRONMENTS  # noqa: E402
-from inference.server_thread import ServerThread  # noqa: E402
 from tests.conftest import make_settings  # noqa: E402
+from tools.server_thread import ServerThread  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from envs.crafter.actions import ACHIEVEMENTS
+import envs
+from envs.base import Environment
+from envs.crafter.env import CrafterEnv, crafter_score
 from grpo_service.cli import app
-from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, crafter_score, parse_seeds
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
+from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, parse_seeds
 from tests.conftest import MODEL
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 runner = CliRunner()
 
@@ -64,7 +66,7 @@ def test_aggregate_counts_failures_and_scores_returned_episodes() -> None:
         ep(2, ["collect_wood"], failure="policy_error:no_tool_call"),
         ep(3, [], failure="http_500", returned=False),
     ]
-    s = aggregate(results, ACHIEVEMENTS)
+    s = aggregate(results, CrafterEnv)
     assert (s["completed"], s["total"], s["scored"]) == (2, 4, 3)
     assert s["failures"] == {"policy_error:no_tool_call": 1, "http_500": 1}
     assert s["achievements_freq"] == {"collect_wood": 3, "place_table": 1}
@@ -95,7 +97,7 @@ def test_eval_end_to_end_with_policy_errors(
     assert result.exit_code == 0, result.output
     assert "completed / total" in result.output and "3 / 4" in result.output
     report = json.loads(out.read_text())
-    s = report["summary"]
+    s = report["aggregate"]
     assert (s["completed"], s["total"], s["scored"]) == (3, 4, 4)
     assert s["failures"] == {"policy_error:no_tool_call": 1}
     assert s["avg_turns"] == pytest.approx((2 + 1 + 2 + 2) / 4)
@@ -123,14 +125,14 @@ def test_eval_from_a_toml_config_counts_http_failures(
     out = tmp_path / "eval.json"
     result = runner.invoke(app, ["eval", "--config", str(config), "--json", str(out)])
     assert result.exit_code == 1, result.output  # nothing could be scored
-    s = json.loads(out.read_text())["summary"]
+    s = json.loads(out.read_text())["aggregate"]
     assert (s["completed"], s["total"], s["scored"]) == (0, 3, 0) and s["failures"] == {"http_422": 3}
     # The same config with a flag overriding it and a valid env config runs.
     config.write_text(config.read_text().replace("[env_config]\nno_such_option = 1\n", ""))
     result = runner.invoke(app, ["eval", "--config", str(config), "--seeds", "5", "--json", str(out)])
     assert result.exit_code == 0, result.output
     report = json.loads(out.read_text())
-    assert report["summary"]["completed"] == 1 and report["episodes"][0]["seed"] == 5
+    assert report["aggregate"]["completed"] == 1 and report["episodes"][0]["seed"] == 5
     assert report["episodes"][0]["turns"] == 3
 
 
@@ -143,3 +145,36 @@ def test_eval_rejects_a_bad_config_and_an_unreachable_service(tmp_path: Path) ->
     assert runner.invoke(app, ["eval", "--config", str(config)]).exit_code == 2
     result = runner.invoke(app, ["eval", "--base-url", "http://127.0.0.1:9", "--episodes", "1"])
     assert result.exit_code == 2 and "connect_error" in result.output
+
+
+def test_a_task_without_achievements_reports_success_rate_and_mean_score() -> None:
+    results = [
+        EpisodeResult(index=i, seed=i, run_id=f"r{i}", returned=True, turns=3, total_return=r)
+        for i, r in enumerate([1.0, 0.0, 1.0, 0.0])
+    ]
+    s = aggregate(results, Environment)
+    assert s["success_rate"] == 0.5 and s["mean_score"] == 0.5 and s["achievements_freq"] == {}
+    assert {"completed", "total", "avg_turns", "avg_achievements", "achievements_freq"} <= set(s)
+
+
+@pytest.mark.parametrize("env_name", sorted(envs.ENVIRONMENTS))
+def test_eval_runs_for_every_registered_environment(
+    env_name: str, start_server: Callable[..., ServerThread], faulty_llm: FakeInferenceServer, tmp_path: Path
+) -> None:
+    server = start_server(vllm_base_url=faulty_llm.base_url)
+    out = tmp_path / "eval.json"
+    args = ["eval", "--base-url", server.base_url, "--env", env_name, "--model", MODEL, "--episodes", "1"]
+    result = runner.invoke(app, [*args, "--max-turns", "1", "--json", str(out)])
+    # 1: the episode ran but did not complete (the fake's reply may not be a valid action here).
+    assert result.exit_code in (0, 1), result.output
+    report = json.loads(out.read_text())
+    aggregate_ = report["aggregate"]  # seed 000's keys, then the environment's own metrics
+    assert list(aggregate_)[:5] == [
+        "completed",
+        "total",
+        "avg_turns",
+        "avg_achievements",
+        "achievements_freq",
+    ]
+    assert aggregate_["total"] == 1 and aggregate_["scored"] == 1
+    assert set(envs.ENVIRONMENTS[env_name].eval_metrics([])) <= set(aggregate_)

@@ -9,7 +9,7 @@ import pytest
 
 from grpo_service.tracing import TraceWriter
 from grpo_service.tracing.export import ExportFilters, export_sft, validate_example
-from grpo_service.tracing.synthetic import synthetic_trace
+from tools.synthetic_traces import synthetic_trace
 
 
 @pytest.fixture

@@ -164,7 +164,7 @@ def test_the_readme_workflow_yields_sft_data_and_an_evaluation(shell: Shell) -> 
     evaluated = shell.run(evaluate)
     assert evaluated.returncode == 0, evaluated.stdout + evaluated.stderr
     report = json.loads((shell.cwd / "evals" / "crafter.json").read_text())
-    assert report["summary"]["total"] == 20 and report["summary"]["completed"] == 20
+    assert report["aggregate"]["total"] == 20 and report["aggregate"]["completed"] == 20
     assert "success rates" in evaluated.stdout
 
     # The eval episodes are in the DB now, but not in a default export: still only local-trace.

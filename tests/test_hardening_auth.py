@@ -15,10 +15,10 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
 from tests.hardening import counts, start_service
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 KEY = "sk-env-7f3a9c2e5bQx81"
 INFERENCE_KEY = "sk-inf-4d8e1a6fWq27"  # the service's default key to the LLM: rejected there

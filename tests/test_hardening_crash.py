@@ -17,9 +17,9 @@ import httpx
 import pytest
 
 from grpo_service.tracing import TraceReader
-from inference.fake_server import FakeConfig, FakeInferenceServer
 from tests.conftest import MODEL
 from tests.hardening import ServiceProcess, start_service
+from tools.fake_server import FakeConfig, FakeInferenceServer
 
 pytestmark = pytest.mark.slow
 

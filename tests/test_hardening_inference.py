@@ -19,9 +19,9 @@ import httpx
 import pytest
 
 from grpo_service.tracing import TraceReader
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 LLM_TIMEOUT_S = 0.5  # per attempt
 DECISION_S = 4.0  # safety.llm_timeout_s: one decision, its retries and backoffs included

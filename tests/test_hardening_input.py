@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from grpo_service import create_app
-from inference.fake_server import FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import make_settings
 from tests.hardening import assert_error, nothing_changes
+from tools.fake_server import FakeInferenceServer
+from tools.server_thread import ServerThread
 
 MAX_BODY = 64 * 1024
 

@@ -22,10 +22,10 @@ import pytest
 
 from grpo_service.app import build_services, reap_idle
 from grpo_service.deps import Services
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL, make_settings
 from tests.hardening import counts, rss_mb
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 pytestmark = pytest.mark.slow
 

@@ -15,10 +15,10 @@ import httpx
 import pytest
 
 from grpo_service.tracing import TraceReader
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
 from tests.hardening import assert_error, counts, rss_mb
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 pytestmark = pytest.mark.slow
 

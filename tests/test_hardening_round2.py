@@ -28,13 +28,13 @@ from grpo_service.app import build_services
 from grpo_service.branching import branch
 from grpo_service.errors import CapacityExceeded
 from grpo_service.models import BranchRequest, RolloutRequest
-from inference.fake_server import FakeConfig, FakeInferenceServer, build_completion
-from inference.server_thread import ServerThread
 from storage import SnapshotCodec, SnapshotCorrupt
 from storage.codec import _HEADER_LEN as HEADER
 from tests.conftest import MODEL, Served, make_settings
 from tests.hardening import assert_error, counts, file_tree, rss_mb, start_service
 from tests.test_hardening_inference import wait_for_traces
+from tools.fake_server import FakeConfig, FakeInferenceServer, build_completion
+from tools.server_thread import ServerThread
 
 SERVER_KEY = "sk-server-inference-key-0123456789abcdef"
 

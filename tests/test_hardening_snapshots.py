@@ -21,11 +21,11 @@ import httpx
 import pytest
 
 from grpo_service import create_app
-from inference.fake_server import FakeInferenceServer
-from inference.server_thread import ServerThread
 from storage import SnapshotCodec
 from tests.conftest import make_settings
 from tests.hardening import counts, file_tree
+from tools.fake_server import FakeInferenceServer
+from tools.server_thread import ServerThread
 
 SECRET = make_settings(Path("unused")).snapshot_secret.get_secret_value().encode()  # type: ignore[union-attr]
 MEMBERS = ("meta.json", "state.bin")  # the signature is in the gzip header (storage/codec.py)

@@ -24,11 +24,11 @@ from grpo_service.eval import EvalConfig, run_eval
 from grpo_service.llm_training import TaskAppClient
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import make_settings
 from tests.llm_helpers import TINY
 from tests.llm_toy import toy_plugins
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
 from training.llm.logprobs import completion_logprobs
 from training.llm.model import environment_corpus, init_model, load

@@ -110,8 +110,8 @@ class FailingTaskApp:
 def test_a_task_app_that_keeps_failing_stops_the_run_with_a_checkpoint(tmp_path) -> None:
     import torch
 
-    from inference.server_thread import ServerThread
     from tests.llm_helpers import make_tiny_model
+    from tools.server_thread import ServerThread
     from training.llm.rl import MAX_FAILED_STEPS, train_rl
     from training.llm.server import ModelEngine, create_model_app
 

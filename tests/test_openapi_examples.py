@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inference.server_thread import ServerThread
+from tools.server_thread import ServerThread
 
 METHODS = ("get", "post", "put", "patch", "delete")
 
@@ -56,6 +56,8 @@ class LiveIds:
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
         self.run_id = self._finished_run()
+        inference = client.get("/info").json()["inference"]  # the test's fake LLM
+        self.base_url, self.model = inference["base_url"], inference["default_model"]
 
     def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         response = self.client.post(path, json=body)
@@ -88,6 +90,8 @@ class LiveIds:
             "env_snapshot_id": self._post("/env/snapshot", {"env_id": env_id})["snapshot_id"],
             "policy_snapshot_id": self._post("/policy/snapshot", {"policy_id": policy_id})["snapshot_id"],
             "run_id": self.run_id,
+            "base_url": self.base_url,
+            "model": self.model,
         }
 
 

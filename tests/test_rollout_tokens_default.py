@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import httpx
 
-from inference.fake_server import FakeConfig, FakeInferenceServer
 from tests.conftest import MODEL
+from tools.fake_server import FakeConfig, FakeInferenceServer
 
 
 def group(client: httpx.Client, **extra: object) -> dict:

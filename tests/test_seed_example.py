@@ -10,8 +10,8 @@ from pathlib import Path
 
 import httpx
 
-from inference.fake_server import FakeInferenceServer
 from tests.conftest import free_port
+from tools.fake_server import FakeInferenceServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -8,9 +8,9 @@ from collections.abc import Callable
 
 import httpx
 
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
 from tests.conftest import MODEL
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
 
 
 def test_envs_and_policies_are_listed_by_owner_a_page_at_a_time(client: httpx.Client) -> None:

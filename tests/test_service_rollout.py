@@ -6,8 +6,8 @@ import time
 
 import httpx
 
-from inference.fake_server import FakeConfig, FakeInferenceServer
 from tests.conftest import MODEL
+from tools.fake_server import FakeConfig, FakeInferenceServer
 
 
 def rollout(client: httpx.Client, **body: object) -> dict:

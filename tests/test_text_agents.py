@@ -14,10 +14,10 @@ os.environ.setdefault("SCIWORLD_JVMS", "1")
 
 from envs.base import POLICIES, PolicyContext  # noqa: E402
 from envs.text_game import TOOL_NAME  # noqa: E402
-from inference.fake_server import FakeConfig, FakeInferenceServer  # noqa: E402
-from inference.server_thread import ServerThread  # noqa: E402
 from tests.conftest import MODEL  # noqa: E402
 from tests.test_batch_rollouts import traced_sessions  # noqa: E402
+from tools.fake_server import FakeConfig, FakeInferenceServer  # noqa: E402
+from tools.server_thread import ServerThread  # noqa: E402
 
 GAMES = ("textcraft", "babyai", "sciworld")
 
@@ -94,3 +94,24 @@ def test_out_of_range_ids_name_the_range(client: httpx.Client, fake_llm: FakeInf
     assert r.status_code == 422 and "ids[1]=4639" in r.json()["detail"] and "0..4638" in r.json()["detail"]
     r = client.post("/rollouts", json={**body, "env": "textcraft", "ids": [544]})
     assert r.status_code == 422 and "0..543" in r.json()["detail"]
+
+
+def test_eval_env_textcraft_reports_success_rate_and_mean_score(
+    start_server: Callable[..., ServerThread], acting_llm: FakeInferenceServer, tmp_path: Path
+) -> None:
+    import json
+
+    from typer.testing import CliRunner
+
+    from grpo_service.cli import app
+
+    server = start_server(vllm_base_url=acting_llm.base_url)
+    out = tmp_path / "eval.json"
+    args = ["eval", "--base-url", server.base_url, "--env", "textcraft", "--model", MODEL, "--seeds", "0-2"]
+    result = CliRunner().invoke(app, [*args, "--max-turns", "2", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "success rate" in result.output and "mean score" in result.output
+    report = json.loads(out.read_text())
+    assert report["aggregate"]["success_rate"] == 0.0 and report["aggregate"]["mean_score"] == 0.0
+    assert report["config"]["env_name"] == "textcraft"
+    assert [e["total_return"] for e in report["episodes"]] == [0.0, 0.0, 0.0]

@@ -14,7 +14,7 @@ from grpo_service.tracing import SCHEMA_VERSION, SchemaTooNew, TraceReader, Trac
 from grpo_service.tracing import rows as rows_module
 from grpo_service.tracing.codec import join_message, split_message
 from grpo_service.tracing.schema import MIGRATIONS, migrate_sync
-from grpo_service.tracing.synthetic import SYSTEM_PROMPT, synthetic_trace
+from tools.synthetic_traces import SYSTEM_PROMPT, synthetic_trace
 
 
 async def write(path: Path, traces: list, **kwargs: object) -> TraceWriter:

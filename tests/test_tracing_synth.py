@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from grpo_service.cli import app
 from grpo_service.tracing import TraceReader, TraceWriter
 from grpo_service.tracing.synth import VIEWS, export_synth_db, install_views
-from grpo_service.tracing.synthetic import synthetic_trace
+from tools.synthetic_traces import synthetic_trace
 
 SYNTH_TABLES = {
     "session_traces",

@@ -11,7 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
-from inference.server_thread import ServerThread
+from tools.server_thread import ServerThread
 from training.gym.config import GymTrainConfig
 from training.gym.policy import MLPPolicy
 from training.jobs import JobRunner, JobType

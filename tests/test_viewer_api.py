@@ -26,9 +26,9 @@ from grpo_service.registry import new_instance_id
 from grpo_service.routes.viewer import create_viewer_app
 from grpo_service.tracing.reader import TraceReader
 from grpo_service.viewer import runs
-from inference.server_thread import ServerThread
 from tests.conftest import REPO, free_port
 from tests.viewer_data import GROUP_SIZE, synthetic_db
+from tools.server_thread import ServerThread
 
 KEY = "sk-viewer-3f9a1c7e5d"
 
@@ -311,7 +311,7 @@ def test_a_query_past_its_deadline_is_a_clear_4xx(tmp_path: Path, monkeypatch: p
 async def test_workers_never_forward_viewer_requests_even_for_a_worker_s_group_id() -> None:
     """Every worker serves /viewer from the trace DB they share; group ids carry a worker's tag,
     and forwarding them would fail once that worker has restarted."""
-    from grpo_service.peers import PeerRouter
+    from grpo_service.serving.peers import PeerRouter
 
     served: list[str] = []
 

@@ -63,7 +63,7 @@ def browser() -> Iterator[webdriver.Chrome]:
 def served(real_trace_db: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The task app itself, serving /viewer over the trace DB it was configured with."""
     from grpo_service import Settings, create_app
-    from inference.server_thread import ServerThread
+    from tools.server_thread import ServerThread
 
     root = tmp_path_factory.mktemp("viewer-app")
     settings = Settings(
@@ -251,7 +251,7 @@ def test_the_page_says_where_a_replay_diverges(
     import sqlite3
 
     from grpo_service.routes.viewer import create_viewer_app
-    from inference.server_thread import ServerThread
+    from tools.server_thread import ServerThread
 
     db = tmp_path / "tampered.db"
     shutil.copy(real_trace_db, db)

@@ -19,9 +19,9 @@ import httpx
 import psutil
 import pytest
 
-from grpo_service.peers import PeerForwarder, WorkerLoads
-from inference.fake_server import FakeInferenceServer
+from grpo_service.serving.peers import PeerForwarder, WorkerLoads
 from tests.conftest import Served
+from tools.fake_server import FakeInferenceServer
 
 TAG_A, TAG_B = "0a0a0a0a", "0b0b0b0b"
 HEX = "0123456789abcdef" * 2
@@ -53,7 +53,9 @@ def create_on_each_worker(base_url: str, workers: int) -> dict[str, str]:
 
 def worker_pids(served: Served) -> list[int]:
     return [
-        p.pid for p in psutil.Process(served.proc.pid).children() if "grpo_service.workers" in p.cmdline()
+        p.pid
+        for p in psutil.Process(served.proc.pid).children()
+        if "grpo_service.serving.workers" in p.cmdline()
     ]
 
 
@@ -249,8 +251,8 @@ def test_worker_loads_prefer_this_worker_on_a_tie(tmp_path: Path) -> None:
 
 def test_workers_setting_and_reload_do_not_mix(tmp_path: Path) -> None:
     from grpo_service.config import Settings
-    from grpo_service.server import serve as serve_settings
-    from grpo_service.workers import cpu_count, resolve_workers
+    from grpo_service.serving.server import serve as serve_settings
+    from grpo_service.serving.workers import cpu_count, resolve_workers
 
     assert resolve_workers(0) == cpu_count() >= 1
     assert resolve_workers(3) == 3

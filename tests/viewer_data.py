@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 
 from grpo_service import Settings, create_app
-from grpo_service.tracing.synthetic import write_synthetic_db
-from inference.fake_server import FakeConfig, FakeInferenceServer
-from inference.server_thread import ServerThread
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
+from tools.synthetic_traces import write_synthetic_db
 
 MODEL = "fake-qwen3"
 GROUP_SEED = 5

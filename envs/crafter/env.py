@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import importlib.metadata
+import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +19,7 @@ from pydantic import Field, ValidationError
 
 from envs.base import (
     Environment,
+    EpisodeOutcome,
     EpisodeOver,
     Frame,
     InvalidAction,
@@ -27,7 +30,7 @@ from envs.base import (
     register_environment,
 )
 from envs.crafter import state
-from envs.crafter.actions import ACTIONS, action_index, actions_from_tool_calls
+from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, action_index, actions_from_tool_calls
 from envs.crafter.observation import build_observation
 from envs.crafter.sim import DeterministicCrafter
 from envs.crafter.worlds import WorldCache, default_world_cache
@@ -51,6 +54,14 @@ def _check_seed(seed: Any) -> int:
     return seed
 
 
+def crafter_score(success_rates_percent: list[float]) -> float:
+    """The Crafter paper's score (Hafner 2021): ``exp(mean_i ln(1 + s_i)) - 1`` over the
+    per-achievement success rates ``s_i`` in percent."""
+    if not success_rates_percent:
+        return 0.0
+    return math.exp(sum(math.log1p(s) for s in success_rates_percent) / len(success_rates_percent)) - 1
+
+
 @register_environment
 class CrafterEnv(Environment[CrafterConfig]):
     name = "crafter"
@@ -58,6 +69,15 @@ class CrafterEnv(Environment[CrafterConfig]):
     config_model = CrafterConfig
     description = "Crafter 1.8.3 (open-world survival/crafting, 22 achievements), deterministic."
     inline_step_max_actions = 8  # ~0.25 ms per action (tick)
+    achievements = ACHIEVEMENTS
+
+    @classmethod
+    def eval_metrics(cls, episodes: Sequence[EpisodeOutcome]) -> dict[str, Any]:
+        """Per-achievement success rates (percent) and the Crafter score."""
+        n = len(episodes)
+        unlocked = Counter(a for e in episodes for a in set(e.achievements))
+        rates = {a: (100.0 * unlocked[a] / n if n else 0.0) for a in ACHIEVEMENTS}
+        return {"success_rates": rates, "crafter_score": crafter_score(list(rates.values()))}
 
     def __init__(self, config: CrafterConfig, seed: int | None, *, world_cache: WorldCache | None = None):
         self.config = config

@@ -15,11 +15,12 @@ until the next step, which replays it on a JVM that does not already stand there
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
 
-from envs.base import InvalidState, register_environment
+from envs.base import EpisodeOutcome, InvalidState, register_environment
 from envs.sciworld.pool import Load, Simulator, pool
 from envs.sciworld.tasks import TASKS
 from envs.text_game import TextGameConfig, TextGameEnv
@@ -61,6 +62,16 @@ class SciWorldEnv(TextGameEnv[SciWorldConfig]):
     @classmethod
     def num_tasks(cls) -> int:
         return len(TASKS)
+
+    @classmethod
+    def eval_metrics(cls, episodes: Sequence[EpisodeOutcome]) -> dict[str, Any]:
+        """An episode's return is its final score (-100..100); it succeeded when the score is 100
+        (AgentGym counts a score of 100 as success; a positive score is only partial progress)."""
+        n = len(episodes)
+        return {
+            "success_rate": sum(1 for e in episodes if e.total_return >= 100) / n if n else 0.0,
+            "mean_score": sum(e.total_return for e in episodes) / n if n else 0.0,
+        }
 
     @property
     def task(self) -> Any:

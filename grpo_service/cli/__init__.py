@@ -1,9 +1,8 @@
 """The ``grpo-service`` console script: serve → rollout → export-sft → (train) → eval.
 
 Each subcommand lives in its own module as a plain function; registering one is one line
-below. A later subcommand such as ``bench`` is added with
-``app.command("bench")(bench_main)`` — or, with no edit here, by defining ``bench_main`` in
-``grpo_service/bench.py``, which is picked up when that module exists.
+below. ``bench`` is the benchmark in ``tools/bench`` (outside the service), registered by name only
+when that package is present, so the service never imports its tools.
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ def _register_optional(name: str, module: str, attr: str) -> None:
     app.command(name)(command)
 
 
-_register_optional("bench", "grpo_service.bench", "bench_main")
+_register_optional("bench", "tools.bench", "bench_main")
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""``grpo-service eval``: N episodes through ``/rollout``, aggregated as the Crafter paper scores them."""
+"""``grpo-service eval``: N episodes of any environment through ``/rollout``, and their aggregate."""
 
 from __future__ import annotations
 
@@ -12,6 +12,12 @@ if TYPE_CHECKING:
     from rich.table import Table
 
     from grpo_service.eval import EvalConfig
+
+
+COMMON_KEYS = frozenset(
+    {"completed", "total", "scored", "avg_turns", "avg_achievements", "achievements_freq", "mean_return"}
+    | {"failures", "failure_details"}
+)
 
 
 def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
@@ -29,18 +35,24 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
 
 
 def summary_table(summary: dict[str, Any]) -> Table:
+    """The common keys, the environment's own numbers, then failures by cause."""
     from rich.table import Table
 
     table = Table(title="evaluation", show_header=False)
     table.add_row("completed / total", f"{summary['completed']} / {summary['total']}")
-    table.add_row("crafter score", f"{summary['crafter_score']:.2f}")
+    for key in summary.keys() - COMMON_KEYS:  # the environment's metrics (crafter score, success rate)
+        if isinstance(summary[key], int | float):
+            table.add_row(key.replace("_", " "), f"{summary[key]:.3g}")
     table.add_row("avg achievements", f"{summary['avg_achievements']:.2f}")
     table.add_row("avg turns", f"{summary['avg_turns']:.2f}")
     table.add_row("mean return", f"{summary['mean_return']:.3f}")
-    rates = [(a, r) for a, r in summary["success_rates"].items() if r > 0]
-    table.add_row(
-        "success rates", ", ".join(f"{a} {r:.0f}%" for a, r in sorted(rates, key=lambda x: -x[1])) or "none"
-    )
+    if "success_rates" in summary:
+        rates = [(a, r) for a, r in summary["success_rates"].items() if r > 0]
+        ranked = sorted(rates, key=lambda x: -x[1])
+        table.add_row("success rates", ", ".join(f"{a} {r:.0f}%" for a, r in ranked) or "none")
+    else:
+        freq = summary["achievements_freq"]
+        table.add_row("achievements", ", ".join(f"{a} {n}" for a, n in freq.items()) or "none")
     details = summary.get("failure_details") or {}
     for cause, n in summary["failures"].items():
         table.add_row(f"failed: {cause}", f"{n}" + (f" ({details[cause]})" if cause in details else ""))
@@ -58,7 +70,12 @@ def eval_command(
         str | None, typer.Option(envvar="INFERENCE_API_KEY", show_default=False)
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model id, e.g. ft:... (default: the service's).")] = None,
-    policy: Annotated[str | None, typer.Option(help="Policy plug-in [default: crafter-react].")] = None,
+    env_name: Annotated[
+        str | None, typer.Option("--env", help="Environment plug-in [default: crafter].")
+    ] = None,
+    policy: Annotated[
+        str | None, typer.Option(help="Policy plug-in [default: the environment's LLM policy].")
+    ] = None,
     episodes: Annotated[
         int | None, typer.Option(min=1, help="Episodes [default: 10, or one per seed].")
     ] = None,
@@ -68,7 +85,9 @@ def eval_command(
         str | None, typer.Option(help='World seeds: "0-19" or "1,5,9" [default: 0..N-1].')
     ] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout", help="Seconds per episode [600].")] = None,
-    json_out: Annotated[Path | None, typer.Option("--json", help="Write summary + episodes here.")] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Write the aggregate + episodes here.")
+    ] = None,
     report_out: Annotated[
         Path | None, typer.Option("--report", dir_okay=False, help="Write an HTML report with charts here.")
     ] = None,
@@ -76,7 +95,7 @@ def eval_command(
         str | None, typer.Option(help="Trace viewer the report links to [default: BASE_URL/viewer].")
     ] = None,
 ) -> None:
-    """Evaluate a model/policy over N Crafter episodes through /rollout.
+    """Evaluate a model/policy over N episodes of an environment through /rollout.
 
     Exits 0 when at least one episode completed, 1 when none did (the causes are printed), 2 when
     the config is invalid or the task app cannot be used."""
@@ -87,8 +106,8 @@ def eval_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from grpo_service.cli.http import ServiceCallError
-    from grpo_service.eval import EpisodeResult, aggregate, crafter_achievements, run_eval
+    from grpo_service.client import ServiceCallError
+    from grpo_service.eval import EpisodeResult, aggregate, environment_metrics, run_eval
     from grpo_service.tracing.codec import redact
 
     console = Console()
@@ -101,6 +120,7 @@ def eval_command(
                 "inference_url": inference_url,
                 "inference_api_key": inference_api_key,
                 "model": model,
+                "env_name": env_name,
                 "policy": policy,
                 "episodes": episodes,
                 "max_turns": max_turns,
@@ -135,11 +155,14 @@ def eval_command(
         except ServiceCallError as exc:
             console.print(f"[red]cannot use the task app at {config.base_url}:[/] {exc}")
             raise typer.Exit(2) from None
+        except ValueError as exc:  # no policy plays this environment
+            console.print(f"[red]invalid eval config:[/] {exc}")
+            raise typer.Exit(2) from None
 
-    summary = aggregate(results, crafter_achievements())
+    summary = aggregate(results, environment_metrics(config.env_name))
     console.print(summary_table(summary))
     report = {
-        "summary": summary,
+        "aggregate": summary,
         "config": redact(config.model_dump()),
         "episodes": [r.model_dump() for r in results],
     }
@@ -175,8 +198,11 @@ def eval_report_command(
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         console.print(f"[red]{eval_json} is not JSON:[/] {exc}")
         raise typer.Exit(2) from None
-    if not isinstance(result, dict) or not isinstance(result.get("summary"), dict):
-        console.print(f"[red]{eval_json} is not an eval result[/] (no summary): write one with `eval --json`")
+    aggregate = result.get("aggregate", result.get("summary")) if isinstance(result, dict) else None
+    if not isinstance(aggregate, dict):
+        console.print(
+            f"[red]{eval_json} is not an eval result[/] (no aggregate): write one with `eval --json`"
+        )
         raise typer.Exit(2)
     if viewer_url is None and isinstance(result.get("config"), dict) and result["config"].get("base_url"):
         viewer_url = str(result["config"]["base_url"]).rstrip("/") + "/viewer"

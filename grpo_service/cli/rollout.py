@@ -16,9 +16,11 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 if TYPE_CHECKING:
-    import httpx
     from rich.console import Console
     from rich.table import Table
+
+    from grpo_service.client import TaskAppClient
+    from grpo_service.models import RolloutResponse, RunStatusResponse
 
 POLL_INTERVAL_S = 0.2
 
@@ -48,32 +50,32 @@ def rollout_request(
     }
 
 
-def outcome_text(response: dict[str, Any]) -> str:
+def outcome_text(response: RolloutResponse) -> str:
     """``completed (episode_done)``, or ``failed: <cause>: <detail>``."""
-    from grpo_service.cli.http import rollout_failure
+    from grpo_service.client import rollout_failure
 
     cause, detail = rollout_failure(response)
     if cause is None:
-        return f"completed ({response.get('stop_reason')})"
+        return f"completed ({response.stop_reason})"
     return f"failed: {cause}" + (f": {detail}" if detail else "")
 
 
-def summary_table(response: dict[str, Any], path: Path) -> Table:
+def summary_table(response: RolloutResponse, path: Path) -> Table:
     from rich.table import Table
 
-    m = response.get("metrics") or {}
-    table = Table(title=f"rollout {response.get('run_id')}", show_header=False)
+    m = response.metrics
+    table = Table(title=f"rollout {response.run_id}", show_header=False)
     rows = [
         ("status", outcome_text(response)),
-        ("decisions / env steps", f"{m.get('num_decisions')} / {m.get('num_steps')}"),
-        ("return", f"{m.get('mean_return')}"),
-        ("achievements", ", ".join(m.get("achievements") or []) or "none"),
+        ("decisions / env steps", f"{m.num_decisions} / {m.num_steps}"),
+        ("return", f"{m.mean_return}"),
+        ("achievements", ", ".join(m.achievements) or "none"),
         (
             "LLM calls",
-            f"{m.get('llm_calls')} ({m.get('prompt_tokens')} prompt + {m.get('completion_tokens')} "
-            f"completion tokens, {m.get('llm_time_s')}s)",
+            f"{m.llm_calls} ({m.prompt_tokens} prompt + {m.completion_tokens} "
+            f"completion tokens, {m.llm_time_s}s)",
         ),
-        ("wall time", f"{m.get('wall_time_s')}s"),
+        ("wall time", f"{m.wall_time_s}s"),
         ("trace", str(path)),
     ]
     for key, value in rows:
@@ -120,18 +122,16 @@ def rollout_command(
 
     Exits 0 only when the rollout completed; 1 when it ran but failed (the cause is printed), 2
     when it could not be run."""
-    import httpx
     from rich.console import Console
 
-    from grpo_service.cli.http import (
+    from grpo_service.client import (
         ServiceCallError,
+        TaskAppClient,
         build_policy_config,
-        call,
-        headers,
         policy_uses_inference,
         rollout_failure,
-        timeout,
     )
+    from grpo_service.models import RolloutResponse
     from grpo_service.tracing.codec import redact
 
     console = Console()
@@ -143,9 +143,9 @@ def rollout_command(
             f"{path.name} already exists (run {run_id!r} was collected before); pass --force to "
             "replace it or choose another --run-id",
         )
-    with httpx.Client(base_url=base_url, headers=headers(api_key), timeout=timeout(30.0)) as client:
+    with TaskAppClient(base_url, api_key, timeout_s=30.0) as client:
         try:
-            info = call(client, "GET", "/info")
+            info = client.info()
         except ServiceCallError as exc:
             if exc.status in (401, 403):
                 raise _fail(
@@ -172,17 +172,17 @@ def rollout_command(
         )
         try:
             # Retried only when the service refused it outright (busy, unreachable).
-            call(client, "POST", "/rollout/start", json=body)
+            client.start_rollout(body)
             status = _poll(client, console, run_id, max_llm_calls, deadline_s=timeout_s + 30)
         except ServiceCallError as exc:
             raise _fail(console, f"rollout failed: {exc}") from None
-    response = status.get("result")
-    if not isinstance(response, dict):
-        raise _fail(console, f"rollout {run_id} {status.get('status')}: {status.get('error') or 'no result'}")
+    response = status.result
+    if not isinstance(response, RolloutResponse):
+        raise _fail(console, f"rollout {run_id} {status.status}: {status.error or 'no result'}")
     if force and path.exists():
         note = f"replacing {path.name}; the trace DB now holds two runs named {run_id}"
         console.print(f"[yellow]note:[/] {note}")
-    snapshot = {"request": redact(body), **response}
+    snapshot = {"request": redact(body), **response.model_dump(mode="json")}
     path.write_text(json.dumps(snapshot, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     console.print(summary_table(response, path))
     if rollout_failure(response)[0] is not None:
@@ -190,15 +190,14 @@ def rollout_command(
 
 
 def _poll(
-    client: httpx.Client, console: Console, run_id: str, turns: int, *, deadline_s: float
-) -> dict[str, Any]:
+    client: TaskAppClient, console: Console, run_id: str, turns: int, *, deadline_s: float
+) -> RunStatusResponse:
     """Poll ``/run/status`` until the run has finished, showing turn k/N; Ctrl-C aborts the run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from grpo_service.cli.http import ServiceCallError, call
+    from grpo_service.client import ServiceCallError
 
     deadline = time.monotonic() + deadline_s
-    url = f"/run/status/{run_id}"
     with Progress(
         TextColumn(f"[bold]rollout[/] {run_id} turn"),
         BarColumn(),
@@ -210,18 +209,18 @@ def _poll(
         task = progress.add_task("", total=turns)
         try:
             while True:
-                status = call(client, "GET", url)
-                progress.update(task, completed=min(turns, status["ops_executed"] // 2))
-                if status["status"] != "running":
+                status = client.run_status(run_id)
+                progress.update(task, completed=min(turns, status.ops_executed // 2))
+                if status.status != "running":
                     return status
                 if time.monotonic() > deadline:
-                    call(client, "POST", "/run/abort", json={"run_id": run_id})
+                    client.abort(run_id=run_id)
                     raise ServiceCallError("timeout", f"run {run_id} still running after {deadline_s:.0f}s")
                 time.sleep(POLL_INTERVAL_S)
         except KeyboardInterrupt:
             console.print(f"interrupted: aborting {run_id} (its partial trajectory is kept)")
-            call(client, "POST", "/run/abort", json={"run_id": run_id})
-            while (status := call(client, "GET", url))["status"] == "running":
+            client.abort(run_id=run_id)
+            while (status := client.run_status(run_id)).status == "running":
                 time.sleep(POLL_INTERVAL_S)
             return status
 

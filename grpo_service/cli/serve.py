@@ -99,10 +99,10 @@ def serve_command(
         )
     console.print(f"[bold]Serving[/] on http://{settings.host}:{settings.port}  (API docs: /docs)")
     if settings.workers != 1:
-        from grpo_service.workers import resolve_workers
+        from grpo_service.serving.workers import resolve_workers
 
         console.print(f"[bold]Workers[/]: {resolve_workers(settings.workers)} processes")
-    from grpo_service.server import serve
+    from grpo_service.serving.server import serve
 
     if reload:
         # The reloader's child rebuilds Settings from the environment, so hand it everything.

@@ -1,6 +1,7 @@
 """Tracing v3 for grpo-service: every finished rollout appended to a SQLite DB.
 
 - `schema`: the versioned DDL and its migrations.
+- `traces`: `RolloutTrace` (what a finished rollout hands over) and the `TraceSink` protocol.
 - `rows`: one `RolloutTrace` → rows of every table.
 - `writer`: `TraceWriter`, the task app's `TraceSink` (one writer task, bounded queue).
 - `reader`: `TraceReader`, for the exporter, the CLI and tests.

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_service.rollout import IMAGE_KEYS, DecisionTrace, RolloutTrace
 from grpo_service.tracing.codec import canonical, dumps, redact, split_message
+from grpo_service.tracing.traces import IMAGE_KEYS, DecisionTrace, RolloutTrace
 
 SAMPLING_KEYS = (
     "temperature",

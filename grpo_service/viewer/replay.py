@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.base import Environment, Frame, PluginError, StepResult, environment_class
-from grpo_service.rollout import IMAGE_KEYS
+from grpo_service.tracing.traces import IMAGE_KEYS
 
 CHECKPOINT_EVERY = 16
 VERIFY_BUDGET_S = 60.0

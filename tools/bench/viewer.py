@@ -1,4 +1,4 @@
-"""``python -m grpo_service.bench.viewer``: how fast the trace viewer answers on a big trace DB.
+"""``python -m tools.bench.viewer``: how fast the trace viewer answers on a big trace DB.
 
 Writes ``--rollouts`` synthetic rollouts (default 10,000; mixed models, rewards, achievements,
 stop reasons, groups of 8) with the real trace writer, serves the viewer over it on 127.0.0.1,
@@ -21,8 +21,8 @@ import httpx
 import typer
 
 from grpo_service.routes.viewer import create_viewer_app
-from grpo_service.tracing.synthetic import write_synthetic_db
-from inference.server_thread import ServerThread
+from tools.server_thread import ServerThread
+from tools.synthetic_traces import write_synthetic_db
 
 QUERIES: list[tuple[str, str, dict[str, Any]]] = [
     ("facets (first, uncached)", "/summary", {}),

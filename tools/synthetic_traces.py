@@ -16,7 +16,7 @@ from typing import Any
 
 from envs.base import PolicyDecision, StepResult
 from grpo_service.models import RolloutMetrics, RolloutRequest, RolloutResponse
-from grpo_service.rollout import DecisionTrace, RolloutTrace
+from grpo_service.tracing.traces import DecisionTrace, RolloutTrace
 from grpo_service.tracing.writer import TraceWriter
 from inference import LLMCall
 

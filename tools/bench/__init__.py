@@ -21,7 +21,7 @@ __all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench
 def __getattr__(name: str) -> Any:
     """The runner's names, imported on first use: ``grpo-service --help`` must not load the bench."""
     if name in ("FIGURE_KEYS", "RATIO_KEYS", "run_bench"):
-        from grpo_service.bench import run
+        from tools.bench import run
 
         return getattr(run, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -30,7 +30,7 @@ def __getattr__(name: str) -> Any:
 def render_table(report: dict[str, Any], console: Console) -> None:
     from rich.table import Table
 
-    from grpo_service.bench.run import FIGURES, RATIOS, _fmt
+    from tools.bench.run import FIGURES, RATIOS, _fmt
 
     machine = report["machine"]
     console.print(
@@ -83,7 +83,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
 def bench_main(
     section: Annotated[
         str | None,
-        typer.Argument(help="`train`: our GRPO against SB3's PPO on CartPole (grpo_service/bench/train.py)."),
+        typer.Argument(help="`train`: our GRPO against SB3's PPO on CartPole (tools/bench/train.py)."),
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="3 short repeats (under 4 minutes on 2 cores).")
@@ -112,13 +112,13 @@ def bench_main(
     """Benchmark the task app against raw Crafter and the LLM's own limit; print ratios."""
     from rich.console import Console
 
-    from grpo_service.bench import envs as env_bench
-    from grpo_service.bench.run import run_bench
+    from tools.bench import envs as env_bench
+    from tools.bench.run import run_bench
 
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
     if section == "train":
-        from grpo_service.bench.train import render_train_report, run_train_bench
+        from tools.bench.train import render_train_report, run_train_bench
 
         train_report = run_train_bench(
             mode, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)

@@ -159,7 +159,7 @@ def restore_costs(name: str, seed: int, steps: int) -> dict[str, float]:
 
 def run_env_bench(mode: str, log: Callable[[str], None] = lambda _: None) -> dict[str, Any]:
     from grpo_service import Settings, create_app
-    from inference.server_thread import ServerThread
+    from tools.server_thread import ServerThread
 
     plan = ENV_PLANS[mode]
     report: dict[str, Any] = {"mode": mode, "steps_per_s": {}, "restore": {}, "oracle": {}}

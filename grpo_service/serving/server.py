@@ -13,7 +13,7 @@ def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app
     if settings.workers != 1:
         if reload:
             raise SystemExit("--reload serves one process: it cannot be combined with --workers")
-        from grpo_service.workers import serve_workers
+        from grpo_service.serving.workers import serve_workers
 
         raise SystemExit(serve_workers(settings))
     if reload:

@@ -1,7 +1,7 @@
 """Entry point of the benchmark's server processes (the task app and the fake LLM).
 
-    python -m grpo_service.bench.child service --fd N --settings JSON
-    python -m grpo_service.bench.child fake --fd N --config JSON
+    python -m tools.bench.child service --fd N --settings JSON
+    python -m tools.bench.child fake --fd N --config JSON
 
 The parent binds the listening socket on 127.0.0.1 and passes its file descriptor, so the
 port is known before the child starts and no other process can take it in between.
@@ -34,12 +34,12 @@ def main(argv: list[str] | None = None) -> None:
 
         settings = Settings(_env_file=None, **json.loads(args.settings))  # type: ignore[call-arg]
         if settings.workers != 1:
-            from grpo_service.workers import serve_workers
+            from grpo_service.serving.workers import serve_workers
 
             raise SystemExit(serve_workers(settings, sock=socket.socket(fileno=args.fd), log_level="warning"))
         _serve(create_app(settings), args.fd)
     else:
-        from inference.fake_server import FakeConfig, create_fake_app
+        from tools.fake_server import FakeConfig, create_fake_app
 
         _serve(create_fake_app(FakeConfig.model_validate(json.loads(args.config))), args.fd)
 

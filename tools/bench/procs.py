@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-from grpo_service.workers import BALANCED_REUSEPORT, bind
+from grpo_service.serving.workers import BALANCED_REUSEPORT, bind
 
 HOST = "127.0.0.1"
 
@@ -29,7 +29,7 @@ def pin(pid: int, cpus: set[int] | None) -> None:
 
 
 class ChildServer:
-    """A server in its own process: ``python -m grpo_service.bench.child KIND ...``."""
+    """A server in its own process: ``python -m tools.bench.child KIND ...``."""
 
     def __init__(self, kind: str, payload: dict[str, Any], *, cpus: set[int] | None, log: Path | None):
         self.kind = kind
@@ -55,7 +55,7 @@ class ChildServer:
         fd = sock.fileno()
         os.set_inheritable(fd, True)
         flag = "--settings" if self.kind == "service" else "--config"
-        cmd = [sys.executable, "-m", "grpo_service.bench.child", self.kind, "--fd", str(fd)]
+        cmd = [sys.executable, "-m", "tools.bench.child", self.kind, "--fd", str(fd)]
         cmd += [flag, json.dumps(self.payload)]
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))}

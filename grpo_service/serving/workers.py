@@ -5,13 +5,13 @@ server uses more cores by running more processes. The supervisor here binds the 
 gives each worker an instance tag and a loopback socket of its own, and starts the workers.
 On Linux every worker gets its own ``SO_REUSEPORT`` listener on the public port, and the kernel
 spreads new connections evenly over them (elsewhere the workers share one listener, and
-whichever is idle accepts). A worker owns what it creates; `grpo_service.peers` forwards a
+whichever is idle accepts). A worker owns what it creates; `grpo_service.serving.peers` forwards a
 request that names another worker's ids to that worker over its loopback socket, and places
 new rollouts on the least loaded worker. A worker that dies is started again (its live envs
 and policies are lost; snapshots are on disk and restore anywhere); more than `MAX_RESTARTS`
 deaths within `RESTART_WINDOW_S` stop the server.
 
-    python -m grpo_service.workers --public-fd A --private-fd B   (started by `serve_workers`)
+    python -m grpo_service.serving.workers --public-fd A --private-fd B   (started by `serve_workers`)
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from grpo_service.config import Settings
-from grpo_service.peers import WorkerLoads
 from grpo_service.registry import INSTANCE_ENV_VAR
+from grpo_service.serving.peers import WorkerLoads
 
-log = logging.getLogger("grpo_service.workers")
+log = logging.getLogger("grpo_service.serving.workers")
 
 MAX_RESTARTS = 5
 RESTART_WINDOW_S = 60.0
@@ -132,7 +132,7 @@ class Supervisor:
         cmd = [
             sys.executable,
             "-m",
-            "grpo_service.workers",
+            "grpo_service.serving.workers",
             "--public-fd",
             str(public.fileno()),
             "--private-fd",

@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass
 
 from envs.crafter.actions import ACTIONS as ACTION_NAMES
-from grpo_service.bench.http import HTTPError, RawClient
-from grpo_service.bench.procs import HOST
+from tools.bench.http import HTTPError, RawClient
+from tools.bench.procs import HOST
 
 
 def _port(base_url: str) -> int:

@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_service.bench import inproc, served
-from grpo_service.bench.procs import ChildServer, pin
-from grpo_service.workers import cpu_count
+from grpo_service.serving.workers import cpu_count
+from tools.bench import inproc, served
+from tools.bench.procs import ChildServer, pin
 
 FAKE_MODEL = "fake-model"
 LLM_LATENCY_S = 0.2
@@ -599,7 +599,7 @@ class Bench:
             "layout": self.layout.describe(),
             "plan": asdict(self.plan),
             "measurement": {
-                "fake_llm": "separate process (python -m grpo_service.bench.child fake), no access log",
+                "fake_llm": "separate process (python -m tools.bench.child fake), no access log",
                 "fake_actions_per_call": list(self.plan.actions_per_call),
                 "rollout_steps_per_decision": statistics.median(spd) if spd else None,
                 "load_generator": "this process, asyncio + raw HTTP/1.1 keep-alive sockets",

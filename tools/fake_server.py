@@ -6,7 +6,7 @@ actions from the first tool's ``actions`` enum, returns per-token logprobs and t
 errors, timeouts, malformed bodies, cut connections, bad tool calls, token ids that do not
 match the logprobs) by probability or by a deterministic script.
 
-    python -m inference.fake_server --port 8001 --latency 0.2
+    python -m tools.fake_server --port 8001 --latency 0.2
 
 From the command line, unseeded requests at temperature > 0 get a different answer each time
 (``--deterministic`` turns that off), so a GRPO group's members play different trajectories.
@@ -32,8 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inference.completions import chat_choice, error_body
-from inference.server_thread import ServerThread
-from inference.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
+from tools.server_thread import ServerThread
+from tools.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
 
 FaultKind = Literal[
     "timeout",

@@ -1,0 +1,414 @@
+"""The typed client a trainer uses to talk to the task app: `TaskAppClient` (sync) and
+`AsyncTaskAppClient` (async), over the service's own request and response models.
+
+    from grpo_service.client import TaskAppClient
+    from grpo_service.models import RolloutGroupRequest
+
+    with TaskAppClient("http://localhost:8000", api_key="...") as app:
+        group = app.rollout_group(
+            group_size=8, env={"env_name": "crafter", "seed": 3},
+            policy={"policy_name": "crafter-react"}, max_turns=10,
+        )
+        returns = group.metrics.returns  # a RolloutGroupResponse
+
+Every method takes its request as a model, or as the model's fields (keyword arguments),
+validated here before anything is sent; it returns the route's response model. A call that
+does not succeed raises `ServiceCallError` (``cause``: ``http_<status>``, ``timeout``,
+``connect_error``, ...). 429 and 503 (the service refused before doing anything) and refused
+connections are retried with backoff; a timed-out request is never sent again (a rollout may
+still be running on the server). The async client has the same methods, each awaitable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, Generic, Self, TypeVar
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from grpo_service.models import (
+    BranchRequest,
+    BranchResponse,
+    EnvCreateRequest,
+    EnvCreateResponse,
+    EnvResetRequest,
+    EnvResetResponse,
+    EnvRestoreRequest,
+    EnvRestoreResponse,
+    EnvSnapshotRequest,
+    EnvStepRequest,
+    EnvStepResponse,
+    EnvTerminateRequest,
+    Health,
+    PolicyCreateRequest,
+    PolicyCreateResponse,
+    PolicyRestoreRequest,
+    PolicyRestoreResponse,
+    PolicySnapshotRequest,
+    PolicyStepRequest,
+    PolicyStepResponse,
+    PolicyTerminateRequest,
+    RolloutGroupRequest,
+    RolloutGroupResponse,
+    RolloutRequest,
+    RolloutResponse,
+    RolloutSafetyConfig,
+    RunAbortRequest,
+    RunAbortResponse,
+    RunStarted,
+    RunStatusResponse,
+    ServiceInfo,
+    SnapshotResponse,
+    TerminateResponse,
+)
+
+M = TypeVar("M", bound=BaseModel)
+Q = TypeVar("Q", bound=BaseModel)
+
+# The service refused the request before doing anything: safe to send again.
+RETRY_STATUSES = frozenset({429, 503})
+CONNECT_TIMEOUT_S = 10.0
+DEFAULT_TIMEOUT_S = 60.0
+BLOCKING_ROUTES = frozenset({"/rollout", "/rollout/group"})
+
+
+class ServiceCallError(Exception):
+    """A call that did not produce a 2xx response; ``cause`` is a short, countable label."""
+
+    def __init__(self, cause: str, detail: str, status: int | None = None) -> None:
+        super().__init__(f"{cause}: {detail}")
+        self.cause = cause
+        self.detail = detail
+        self.status = status
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    return {"X-API-Key": api_key} if api_key else {}
+
+
+def timeout(read_s: float) -> httpx.Timeout:
+    return httpx.Timeout(read_s, connect=min(CONNECT_TIMEOUT_S, read_s))
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    if isinstance(body, dict):
+        return str(body.get("detail") or body)[:500]
+    return str(body)[:500]
+
+
+def _outcome(error: httpx.HTTPError | None, response: httpx.Response | None) -> Any:
+    """The parsed body of a final attempt, or the `ServiceCallError` it amounts to."""
+    if isinstance(error, httpx.TimeoutException):
+        raise ServiceCallError("timeout", f"{type(error).__name__}: {error}") from None
+    if isinstance(error, httpx.ConnectError):
+        raise ServiceCallError("connect_error", str(error)) from None
+    if error is not None:
+        raise ServiceCallError("http_error", f"{type(error).__name__}: {error}") from None
+    assert response is not None
+    if response.status_code >= 400:
+        raise ServiceCallError(f"http_{response.status_code}", _detail(response), response.status_code)
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ServiceCallError("invalid_response", f"not JSON: {exc}", response.status_code) from None
+
+
+def _retry_in(
+    attempt: int, attempts: int, error: httpx.HTTPError | None, response: httpx.Response | None
+) -> float | None:
+    """Seconds to wait before the next try, or None when this attempt's outcome is final."""
+    if attempt + 1 >= attempts:
+        return None
+    if response is not None:
+        if response.status_code not in RETRY_STATUSES:
+            return None
+        try:
+            return min(30.0, float(response.headers.get("retry-after", "")))
+        except ValueError:
+            pass
+    elif not isinstance(error, httpx.ConnectError):  # it may have reached the server
+        return None
+    return min(8.0, 0.5 * 2**attempt)
+
+
+def _options(json: Any, read_timeout_s: float | None) -> dict[str, Any]:
+    options: dict[str, Any] = {} if json is None else {"json": json}
+    if read_timeout_s is not None:
+        options["timeout"] = timeout(read_timeout_s)
+    return options
+
+
+def call(
+    client: httpx.Client,
+    method: str,
+    url: str,
+    *,
+    json: Any = None,
+    attempts: int = 3,
+    read_timeout_s: float | None = None,
+) -> Any:
+    """One request with at most ``attempts`` tries: the parsed JSON body, or `ServiceCallError`."""
+    for attempt in range(attempts):
+        response: httpx.Response | None = None
+        error: httpx.HTTPError | None = None
+        try:
+            response = client.request(method, url, **_options(json, read_timeout_s))
+        except httpx.HTTPError as exc:
+            error = exc
+        delay = _retry_in(attempt, attempts, error, response)
+        if delay is None:
+            return _outcome(error, response)
+        time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def acall(
+    client: httpx.AsyncClient,
+    method: str,
+    url: str,
+    *,
+    json: Any = None,
+    attempts: int = 3,
+    read_timeout_s: float | None = None,
+) -> Any:
+    """`call` for an async client."""
+    for attempt in range(attempts):
+        response: httpx.Response | None = None
+        error: httpx.HTTPError | None = None
+        try:
+            response = await client.request(method, url, **_options(json, read_timeout_s))
+        except httpx.HTTPError as exc:
+            error = exc
+        delay = _retry_in(attempt, attempts, error, response)
+        if delay is None:
+            return _outcome(error, response)
+        await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+def _parsed(model: type[M], data: Any) -> M:
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise ServiceCallError("invalid_response", f"not a {model.__name__}: {exc}") from None
+
+
+def _body(model: type[Q], request: Q | dict[str, Any] | None, fields: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body of a request given as a model, a dict or keyword fields (validated here:
+    ``invalid_request`` before anything is sent)."""
+    if not isinstance(request, BaseModel):
+        try:
+            request = model.model_validate({**(request or {}), **fields})
+        except ValidationError as exc:
+            raise ServiceCallError("invalid_request", f"not a valid {model.__name__}: {exc}") from None
+    elif fields:
+        raise TypeError("give the request as a model or as keyword fields, not both")
+    return request.model_dump(mode="json", exclude_unset=True)
+
+
+class _Post(Generic[Q, M]):
+    """A POST route as a client method: ``client.name(request)`` or ``client.name(**fields)``
+    returns the response model (the async client: an awaitable of it)."""
+
+    def __init__(self, path: str, request: type[Q], response: type[M]) -> None:
+        self.path, self.request, self.response = path, request, response
+
+    def __get__(self, client: _Routes | None, owner: type) -> Callable[..., M]:
+        if client is None:
+            return self  # type: ignore[return-value]
+        route = self
+
+        def send(request: Q | dict[str, Any] | None = None, /, **fields: Any) -> M:
+            return client._post(route.path, route.request, request, fields, route.response)
+
+        send.__doc__ = f"POST {self.path}: a {self.request.__name__} -> a {self.response.__name__}."
+        return send
+
+
+class _Routes:
+    """Every route of the service, once. ``_send`` is the sync or async transport."""
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        model: type[M],
+        read_timeout_s: float | None,
+    ) -> Any:
+        raise NotImplementedError
+
+    def _post(self, path: str, kind: type[Q], request: Any, fields: dict[str, Any], model: type[M]) -> Any:
+        body = _body(kind, request, fields)
+        read_timeout_s = None
+        if path in BLOCKING_ROUTES:  # answered when the run ends: wait up to its own time limit
+            safety = RolloutSafetyConfig.model_validate(body.get("safety") or {})
+            read_timeout_s = safety.max_time_s + 30.0
+        return self._send("POST", path, body, model, read_timeout_s)
+
+    def info(self) -> ServiceInfo:
+        return self._send("GET", "/info", None, ServiceInfo, None)
+
+    def health(self) -> Health:
+        return self._send("GET", "/health", None, Health, None)
+
+    create_env = _Post("/env/create", EnvCreateRequest, EnvCreateResponse)
+    reset_env = _Post("/env/reset", EnvResetRequest, EnvResetResponse)
+    step_env = _Post("/env/step", EnvStepRequest, EnvStepResponse)
+    snapshot_env = _Post("/env/snapshot", EnvSnapshotRequest, SnapshotResponse)
+    restore_env = _Post("/env/restore", EnvRestoreRequest, EnvRestoreResponse)
+    terminate_env = _Post("/env/terminate", EnvTerminateRequest, TerminateResponse)
+
+    create_policy = _Post("/policy/create", PolicyCreateRequest, PolicyCreateResponse)
+    step_policy = _Post("/policy/step", PolicyStepRequest, PolicyStepResponse)
+    snapshot_policy = _Post("/policy/snapshot", PolicySnapshotRequest, SnapshotResponse)
+    restore_policy = _Post("/policy/restore", PolicyRestoreRequest, PolicyRestoreResponse)
+    terminate_policy = _Post("/policy/terminate", PolicyTerminateRequest, TerminateResponse)
+
+    rollout = _Post("/rollout", RolloutRequest, RolloutResponse)
+    start_rollout = _Post("/rollout/start", RolloutRequest, RunStarted)
+    rollout_group = _Post("/rollout/group", RolloutGroupRequest, RolloutGroupResponse)
+    start_group = _Post("/rollout/group/start", RolloutGroupRequest, RunStarted)
+    branch = _Post("/branch", BranchRequest, BranchResponse)
+    abort = _Post("/run/abort", RunAbortRequest, RunAbortResponse)
+
+    def run_status(self, run_id: str) -> RunStatusResponse:
+        return self._send("GET", f"/run/status/{run_id}", None, RunStatusResponse, None)
+
+
+class TaskAppClient(_Routes):
+    """The sync client. ``http``: an ``httpx.Client`` of your own (its base URL and headers are
+    used as they are), e.g. ``fastapi.testclient.TestClient(app)`` in tests."""
+
+    def __init__(
+        self,
+        base_url: str = "http://localhost:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        attempts: int = 3,
+        http: httpx.Client | None = None,
+    ) -> None:
+        self.http = http or httpx.Client(
+            base_url=base_url, headers=headers(api_key), timeout=timeout(timeout_s)
+        )
+        self.attempts = attempts
+        self._owns_http = http is None
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        model: type[M],
+        read_timeout_s: float | None,
+    ) -> M:
+        data = call(self.http, method, path, json=body, attempts=self.attempts, read_timeout_s=read_timeout_s)
+        return _parsed(model, data)
+
+    def close(self) -> None:
+        if self._owns_http:
+            self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncTaskAppClient(_Routes):
+    """The async client: the same methods as `TaskAppClient`, each returning an awaitable."""
+
+    def __init__(
+        self,
+        base_url: str = "http://localhost:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        attempts: int = 3,
+        max_connections: int = 100,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.http = http or httpx.AsyncClient(
+            base_url=base_url, headers=headers(api_key), timeout=timeout(timeout_s), limits=limits
+        )
+        self.attempts = attempts
+        self._owns_http = http is None
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        model: type[M],
+        read_timeout_s: float | None,
+    ) -> M:
+        data = await acall(
+            self.http, method, path, json=body, attempts=self.attempts, read_timeout_s=read_timeout_s
+        )
+        return _parsed(model, data)
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self.http.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def policy_uses_inference(info: ServiceInfo | None, policy: str) -> bool | None:
+    """From ``GET /info``: whether ``policy`` calls an LLM (``None``: unknown)."""
+    for plugin in info.policies if info is not None else []:
+        if plugin.name == policy:
+            return plugin.uses_inference
+    return None
+
+
+def build_policy_config(
+    uses_inference: bool | None,
+    *,
+    model: str | None,
+    inference_url: str | None,
+    inference_api_key: str | None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The policy config for a rollout: LLM settings only for policies that call an LLM."""
+    config = dict(extra or {})
+    if uses_inference is False:
+        return config
+    for key, value in (("model", model), ("inference_url", inference_url), ("api_key", inference_api_key)):
+        if value is not None:
+            config[key] = value
+    return config
+
+
+# How a returned rollout ended: only these are a completed run. Anything else (a policy error such
+# as ``policy_error:inference_connection_error``, ``time_limit``, ``aborted``, ``error``) is a
+# failure, even though the service answered 200 with the partial trajectory.
+NORMAL_ENDINGS = frozenset({"completed", "episode_done"})
+
+
+def rollout_failure(response: RolloutResponse) -> tuple[str | None, str | None]:
+    """``(cause, detail)`` of a returned rollout that did not complete, ``(None, None)`` if it did.
+
+    The detail is the service's ``error`` or, for a policy error, the failing decision's
+    ``decision_error_detail`` (e.g. "Cannot connect to host 127.0.0.1:9998")."""
+    if response.stop_reason in NORMAL_ENDINGS and response.status == "completed":
+        return None, None
+    detail = response.error
+    for trajectory in reversed(response.trajectories):
+        if not detail and trajectory.steps:
+            detail = trajectory.steps[-1].decision_error_detail
+    return str(response.stop_reason or response.status), detail

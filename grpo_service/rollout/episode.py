@@ -1,0 +1,226 @@
+"""`EpisodeLoop`: one rollout's ``agent``/``env`` ops on one env and one policy.
+
+An ``agent`` op asks the policy for tool calls (under the rollout's deadline and abort), an
+``env`` op executes them; a finished episode is reset (``on_done="reset"``) or ends the rollout.
+Every plug-in call goes through the managers. The loop never raises for what the trainer should
+see as data: a policy error, the deadline, an abort, a caller terminating the env or policy, or
+an unexpected fault end it with a ``stop_reason`` and keep what was played.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable
+from typing import TypeVar
+
+from envs.base import PluginError, StepResult
+from grpo_service.environments import EnvManager
+from grpo_service.errors import Conflict, NotFound, ServiceError
+from grpo_service.models import RolloutRequest
+from grpo_service.policies import PolicyManager
+from grpo_service.registry import EnvHandle, PolicyHandle, RunHandle
+from grpo_service.rollout.records import Episode, final_record, records_tokens, step_record
+from grpo_service.tracing.traces import DecisionTrace
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Stop(Exception):
+    """Ends the loop with ``reason`` as the rollout's stop reason."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class EpisodeLoop:
+    """Plays one rollout. ``play()`` once, then ``close()`` (always: it releases the env and policy)."""
+
+    def __init__(
+        self,
+        run: RunHandle,
+        req: RolloutRequest,
+        env: EnvHandle,
+        owns_env: bool,
+        envs: EnvManager,
+        policies: PolicyManager,
+        *,
+        llm_timeout_s: float,
+        deadline: float,
+    ) -> None:
+        self.run, self.req, self.env, self.owns_env = run, req, env, owns_env
+        self.envs, self.policies = envs, policies
+        self.llm_timeout_s, self.deadline = llm_timeout_s, deadline
+        self.with_tokens = records_tokens(req)
+        self.policy: PolicyHandle | None = None
+        self.owns_policy = False
+        self.decisions: list[DecisionTrace] = []
+        self.episodes: list[Episode] = []
+        self.ops_executed = 0
+        self.stop_reason = "completed"
+        self.error: str | None = None
+        self._pending: DecisionTrace | None = None  # decided, not yet executed
+        self._current: StepResult | None = None
+        env.pins += 1  # the idle reaper must not take it while the rollout waits on the LLM
+
+    async def close(self) -> None:
+        self.env.pins -= 1
+        if self.policy is not None:
+            self.policy.pins -= 1
+            if self.owns_policy:
+                await self.policies.discard(self.policy)
+        if self.owns_env:
+            await self.envs.discard(self.env)
+
+    @property
+    def episode(self) -> Episode:
+        return self.episodes[-1]
+
+    async def play(self) -> None:
+        """Run the ops; set ``stop_reason`` (and ``error``). Raises only for the caller's mistakes."""
+        try:
+            await self._start()
+            for op in self.req.op_list():
+                self._check_limits()
+                if op == "agent":
+                    await self._decide()
+                else:
+                    await self._act()
+                self.ops_executed += 1
+                self.run.ops_executed = self.ops_executed
+        except Stop as stop:
+            self.stop_reason = stop.reason
+        except NotFound:
+            # A caller terminated the env or policy mid-rollout: keep what ran, say how it ended.
+            policy_closed = self.policy is not None and self.policy.closed
+            ended = "env_terminated" if self.env.closed else "policy_terminated" if policy_closed else None
+            if ended is None:
+                raise
+            self.stop_reason = ended
+            if self._pending is not None and self._pending.result is None and self.episodes:
+                self._record(self._pending)
+        except (ServiceError, PluginError):
+            raise
+        except Exception as exc:  # an unexpected fault: keep what was played, report it
+            log.exception("rollout %s failed", self.run.id)
+            self.stop_reason, self.error = "error", f"{type(exc).__name__}: {exc}"
+        finally:
+            self.run.ops_executed = self.ops_executed
+
+    async def _start(self) -> None:
+        spec = self.req.policy
+        if spec.policy_id is not None:
+            self.policy = unshared(self.policies.get(spec.policy_id), "policy")
+        else:
+            assert spec.policy_name is not None
+            self.policy = await self.policies.create(
+                spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
+            )
+            self.owns_policy = True
+        self.policy.pins += 1
+        self._current = await self.envs.current(self.env)
+        if self._current.done:
+            if self.req.on_done != "reset":
+                raise Conflict(
+                    f"env {self.env.id} has finished its episode; reset it first", code="episode_over"
+                )
+            await self._reset()
+        self.episodes.append(Episode(index=0, seed=self.envs.seed(self.env)))
+
+    def _check_limits(self) -> None:
+        if self.run.abort.is_set():
+            raise Stop("aborted")
+        if time.monotonic() >= self.deadline:
+            raise Stop("time_limit")
+        max_ops = self.req.safety.max_ops
+        if max_ops is not None and self.ops_executed >= max_ops:
+            raise Stop("max_ops")
+
+    async def _decide(self) -> None:
+        assert self._current is not None
+        started = time.monotonic()
+        timeout = min(self.llm_timeout_s, max(0.001, self.deadline - started))
+        assert self.policy is not None
+        step = self.policies.step(
+            self.policy, self._current.observation, record_logprobs=self.with_tokens, timeout_s=timeout
+        )
+        decision = await self._guarded(step)
+        self.run.llm_s += time.monotonic() - started
+        self._pending = DecisionTrace(
+            turn=len(self.decisions), observation=self._current.observation, decision=decision
+        )
+        self.decisions.append(self._pending)
+        if decision.error:
+            self._record(self._pending)
+            raise Stop(f"policy_error:{decision.error}")
+
+    async def _act(self) -> None:
+        pending = self._pending
+        assert pending is not None  # the request validator guarantees an agent op came first
+        started = time.monotonic()
+        try:
+            result = await self.envs.step_handle(self.env, tool_calls=pending.decision.tool_calls)
+        except PluginError as exc:
+            pending.decision.error, pending.decision.error_detail = "invalid_action", str(exc)
+            self._record(pending)
+            raise Stop("policy_error:invalid_action") from None
+        pending.env_ms = (time.monotonic() - started) * 1000
+        self.run.env_s += pending.env_ms / 1000
+        pending.result = result
+        self.policies.observe_outcome(self.policy, result)  # type: ignore[arg-type]
+        self._record(pending)
+        self.episode.total_reward += result.reward
+        self.episode.achievements.extend(result.info.get("achievements_unlocked", []))
+        self._pending, self._current = None, result
+        if result.done:
+            self._end_episode(result)
+            await self._reset()
+            self.episodes.append(Episode(index=len(self.episodes), seed=self.envs.seed(self.env)))
+
+    def _end_episode(self, result: StepResult) -> None:
+        episode = self.episode
+        episode.done, episode.truncated = True, result.truncated
+        episode.stop_reason = "truncated" if result.truncated else "done"
+        episode.final = final_record(result, self.req.record)
+        if self.req.on_done == "terminate":
+            self.ops_executed += 1
+            raise Stop("episode_done")
+
+    async def _reset(self) -> None:
+        assert self.policy is not None
+        self._current = await self.envs.reset_handle(self.env)
+        self.policies.reset(self.policy)
+
+    def _record(self, decision: DecisionTrace) -> None:
+        self.episode.steps.append(step_record(decision, self.req.record, self.with_tokens))
+
+    async def _guarded(self, awaitable: Awaitable[T]) -> T:
+        """Await, but give up at the deadline or on abort (cancelling the awaited work)."""
+        task = asyncio.ensure_future(awaitable)
+        aborted = asyncio.ensure_future(self.run.abort.wait())
+        try:
+            done, _ = await asyncio.wait(
+                {task, aborted},
+                timeout=max(0.0, self.deadline - time.monotonic()),
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+        finally:
+            aborted.cancel()
+        if task in done:
+            return task.result()
+        task.cancel()
+        await asyncio.wait({task}, timeout=5.0)  # let it unwind; its outcome is discarded
+        raise Stop("aborted" if self.run.abort.is_set() else "time_limit")
+
+
+H = TypeVar("H", EnvHandle, PolicyHandle)
+
+
+def unshared(handle: H, what: str) -> H:
+    """Refuse an env or policy another running rollout is playing: interleaved steps (or a shared
+    policy history) would put one rollout's data into the other's trajectory."""
+    if handle.pins:
+        raise Conflict(f"{what} {handle.id} is in use by another running rollout", code=f"{what}_in_use")
+    return handle

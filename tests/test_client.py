@@ -1,0 +1,79 @@
+"""The typed client (`grpo_service.client`), sync and async, against a real server on loopback."""
+
+from __future__ import annotations
+
+import pytest
+
+from grpo_service.client import AsyncTaskAppClient, ServiceCallError, TaskAppClient
+from grpo_service.models import RolloutGroupResponse, RolloutRequest, RolloutResponse
+from tools.server_thread import ServerThread
+
+GROUP = {
+    "group_size": 3,
+    "env": {"env_name": "crafter", "seed": 4},
+    "policy": {"policy_name": "crafter-random", "config": {"seed": 1}},
+    "max_turns": 3,
+}
+
+
+def test_sync_client_covers_the_lifecycle(server: ServerThread) -> None:
+    with TaskAppClient(server.base_url) as app:
+        assert app.health().status == "healthy"
+        assert "crafter" in {e.name for e in app.info().environments}
+        env = app.create_env(env_name="crafter", seed=3)
+        step = app.step_env(env_id=env.env_id, actions=["move_left", "do"])
+        assert step.step_idx == 2 and step.env_id == env.env_id
+        snap = app.snapshot_env(env_id=env.env_id)
+        restored = app.restore_env(snapshot_id=snap.snapshot_id)
+        assert restored.observation == step.observation and restored.parent_snapshot_id == snap.snapshot_id
+        policy = app.create_policy(policy_name="crafter-react", bound_env_id=env.env_id)
+        decision = app.step_policy(
+            policy_id=policy.policy_id, observation=step.observation, record_logprobs=True
+        )
+        assert decision.error is None and decision.llm is not None and decision.llm.completion_token_ids
+        children = app.branch(env_ids=[env.env_id], num_children=2)
+        assert len(children.children) == 2
+        # A model or a dict works as well as keyword fields; the answer is the route's model.
+        request = RolloutRequest.model_validate(
+            {"env": {"env_id": env.env_id}, "policy": {"policy_id": policy.policy_id}, "max_turns": 2}
+        )
+        rollout = app.rollout(request)
+        assert isinstance(rollout, RolloutResponse) and rollout.metrics.num_decisions == 2
+        started = app.start_group(GROUP)
+        status = app.run_status(started.run_id)
+        assert status.run_id == started.run_id
+        assert app.terminate_env(env_id=env.env_id).existed
+        assert app.terminate_policy(policy_id=policy.policy_id).existed
+
+        with pytest.raises(ServiceCallError) as missing:
+            app.step_env(env_id=env.env_id, action="noop")
+        assert missing.value.cause == "http_404" and missing.value.status == 404
+        with pytest.raises(ServiceCallError) as invalid:  # checked here: nothing is sent
+            app.step_env(env_id=env.env_id)
+        assert invalid.value.cause == "invalid_request" and "exactly one" in invalid.value.detail
+        with pytest.raises(TypeError):
+            app.rollout(request, max_turns=3)
+
+
+async def test_async_client_plays_a_group(server: ServerThread) -> None:
+    async with AsyncTaskAppClient(server.base_url) as app:
+        group = await app.rollout_group(GROUP)
+        assert isinstance(group, RolloutGroupResponse) and group.metrics.completed == 3
+        assert len({m.result.trajectories[0].steps[0].step_idx for m in group.members if m.result}) == 1
+        env = await app.create_env(env_name="crafter")
+        assert (await app.reset_env(env_id=env.env_id, seed=5)).step_idx == 0
+        with pytest.raises(ServiceCallError) as unknown:
+            await app.abort(run_id="no-such-run")
+        assert unknown.value.cause == "http_404"
+
+
+def test_unreachable_service_and_api_key(start_server) -> None:  # type: ignore[no-untyped-def]
+    server = start_server(environment_api_key="k" * 32)
+    with TaskAppClient(server.base_url) as anonymous, pytest.raises(ServiceCallError) as denied:
+        anonymous.info()
+    assert denied.value.status == 401
+    with TaskAppClient(server.base_url, api_key="k" * 32) as app:
+        assert app.info().policies
+    with TaskAppClient("http://127.0.0.1:9", attempts=1) as nowhere, pytest.raises(ServiceCallError) as down:
+        nowhere.health()
+    assert down.value.cause == "connect_error"
