@@ -265,3 +265,14 @@ def test_sciworld_evaluation_by_agentgyms_client(base: str) -> None:
     assert client.close() is True
     gone = requests.get(f"{url}/observation", params={"id": client.env_id}).json()
     assert gone == {"error": f"The task with environment {client.env_id} has been deleted."}
+
+
+@pytest.mark.parametrize(
+    "body", [{"id": False, "data_idx": 0}, {"id": 0, "data_idx": False}, {"id": 0, "data_idx": 1.5}]
+)
+def test_ids_and_task_indices_must_be_integers(base: str, body: dict[str, Any]) -> None:
+    """``false`` or ``1.5`` is a 422 naming the field, never silently id 0 or task 0."""
+    answer = requests.post(f"{base}/babyai/reset", json=body, timeout=30)
+    assert answer.status_code == 422, answer.text
+    wrong = next(key for key, value in body.items() if type(value) is not int)
+    assert wrong in answer.text

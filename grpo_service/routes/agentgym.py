@@ -27,7 +27,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from envs.base import PluginError, StepResult
 from grpo_service.auth import require_api_key
@@ -41,26 +41,33 @@ RL_RUN_ID = "agentgym"
 # ------------------------------------------------------------------ AgentGym's request bodies
 
 
-class StepBody(BaseModel):
+class Body(BaseModel):
+    """AgentGym's client sends JSON integers and strings: anything else (``false`` for an id,
+    ``1.5`` for a task) is a 422 here rather than being read as some other id or task."""
+
+    model_config = ConfigDict(strict=True)
+
+
+class StepBody(Body):
     id: int
     action: str
 
 
-class ResetBody(BaseModel):
+class ResetBody(Body):
     id: int
     data_idx: int
 
 
-class TextCraftResetBody(BaseModel):
+class TextCraftResetBody(Body):
     id: int
     data_idx: int | None = 0
 
 
-class CloseBody(BaseModel):
+class CloseBody(Body):
     id: int
 
 
-class TextCraftCreateBody(BaseModel):
+class TextCraftCreateBody(Body):
     commands: str | None = None
     goal: str | None = None
 
