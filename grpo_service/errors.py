@@ -96,6 +96,7 @@ ERROR_MEANINGS: dict[int, str] = {
     421: "The id belongs to another worker or replica of the service",
     422: "Malformed request, invalid config or snapshot",
     429: "At capacity: retry after the Retry-After header's seconds",
+    503: "Unavailable here (e.g. training without the train extra installed)",
 }
 
 

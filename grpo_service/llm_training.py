@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from grpo_service.client import acall, headers, timeout
+from training.jobs import JobType, register_job_type
 from training.llm.config import RLConfig, SFTConfig
 
 
@@ -46,11 +47,22 @@ def _job_config(config: Any, ctx: Any) -> Any:
     return config.model_copy(update={"out": None}) if ctx is not None else config
 
 
+def _job_summary(summary: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Under the job API, the runner's summary shape: why the run ended, where the weights are,
+    its numbers as metrics; a run that ended on an error fails the job with that error."""
+    if ctx is None:
+        return summary
+    if summary.get("error"):
+        raise RuntimeError(summary["error"])
+    numbers = {k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {"reason": ctx.stop_reason() or "completed", "model_path": summary["final"], "metrics": numbers}
+
+
 def train_sft_job(config: SFTConfig, ctx: Any = None) -> dict[str, Any]:
     """The ``sft`` job (``POST /train`` and ``grpo-service train --type sft``)."""
     from training.llm.sft import train_sft
 
-    return train_sft(_job_config(config, ctx), ctx)
+    return _job_summary(train_sft(_job_config(config, ctx), ctx), ctx)
 
 
 def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
@@ -58,6 +70,26 @@ def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
     from training.llm.rl import train_rl
 
     config = _job_config(config, ctx)
-    key = config.task_app_api_key or os.environ.get("ENVIRONMENT_API_KEY")
+    # Under the job API the task app's URL is the caller's: it never receives the server's key.
+    key = config.task_app_api_key or (os.environ.get("ENVIRONMENT_API_KEY") if ctx is None else None)
     client = TaskAppClient(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
-    return train_rl(config, ctx, task_app=client)
+    return _job_summary(train_rl(config, ctx, task_app=client), ctx)
+
+
+# The LLM jobs of `POST /train` (``type: "sft"`` / ``"rl"``) beside seed 004's ``gymnasium``.
+register_job_type(
+    JobType(
+        "sft",
+        SFTConfig,
+        "grpo_service.llm_training:train_sft_job",
+        "Supervised fine-tuning of a causal LM on chat JSONL, loss on assistant tokens (seed 001).",
+    )
+)
+register_job_type(
+    JobType(
+        "rl",
+        RLConfig,
+        "grpo_service.llm_training:train_rl_job",
+        "GRPO of a causal LM on rollout groups from a task app, served by serve-model (seed 001).",
+    )
+)

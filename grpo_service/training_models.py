@@ -39,15 +39,15 @@ def train_request_type() -> Any:
 
 class TrainResponse(BaseModel):
     job_id: str = Field(description="The job's id, for /training/{job_id}/*.", examples=["5f0c2a..."])
-    message: str = Field(examples=["Training started"])
+    message: str = Field(description="What happened.", examples=["Training started"])
     config: dict[str, Any] = Field(
         description="The resolved configuration: every field with its default, and the model name."
     )
-    status_url: str = Field(examples=["/training/5f0c2a.../status"])
+    status_url: str = Field(description="Where to poll the job.", examples=["/training/5f0c2a.../status"])
 
 
 class JobStatusResponse(BaseModel):
-    job_id: str
+    job_id: str = Field(description="The job's id.")
     job_type: str = Field(description="The job type (`type` of the request).", examples=["gymnasium"])
     status: JobStatusName = Field(
         description="pending (process starting), running, completed, failed (see error_message) or stopped."
@@ -76,13 +76,13 @@ class JobStatusResponse(BaseModel):
 
 
 class JobSummary(BaseModel):
-    job_id: str
-    job_type: str
-    status: JobStatusName
-    progress: float = Field(ge=0, le=1)
-    model_name: str
-    start_time: str
-    end_time: str | None = None
+    job_id: str = Field(description="The job's id.")
+    job_type: str = Field(description="The job type (`type` of the request).")
+    status: JobStatusName = Field(description="pending, running, completed, failed or stopped.")
+    progress: float = Field(ge=0, le=1, description="Share of the job's budget done.")
+    model_name: str = Field(description="The model the job writes.")
+    start_time: str = Field(description="ISO 8601, UTC.")
+    end_time: str | None = Field(default=None, description="ISO 8601, UTC; null while the job runs.")
 
 
 class JobListResponse(BaseModel):
@@ -90,9 +90,9 @@ class JobListResponse(BaseModel):
 
 
 class StopResponse(BaseModel):
-    message: str = Field(examples=["Training job stopped"])
-    job_id: str
-    status: JobStatusName
+    message: str = Field(description="What happened.", examples=["Training job stopped"])
+    job_id: str = Field(description="The job's id.")
+    status: JobStatusName = Field(description="The job's status after the request.")
 
 
 class InferenceRequest(BaseModel):
@@ -128,21 +128,21 @@ class InferenceResponse(BaseModel):
 
 
 class ModelInfo(BaseModel):
-    name: str = Field(examples=["my_model"])
+    name: str = Field(description="The model's name (its zip under models/).", examples=["my_model"])
     status: Literal["loaded", "saved"] = Field(description="loaded: cached in memory; saved: on disk only.")
     training: bool = Field(default=False, description="A running job is writing it (checkpoints).")
 
 
 class ModelListResponse(BaseModel):
-    models: list[ModelInfo]
+    models: list[ModelInfo] = Field(description="Every saved model.")
 
 
 class DeleteModelResponse(BaseModel):
-    message: str = Field(examples=["Model my_model deleted"])
-    name: str
+    message: str = Field(description="What happened.", examples=["Model my_model deleted"])
+    name: str = Field(description="The deleted model's name.")
 
 
 class RootResponse(BaseModel):
-    message: str = Field(examples=["grpo-service"])
-    version: str
+    message: str = Field(description="The service's name.", examples=["grpo-service"])
+    version: str = Field(description="The service's version.")
     endpoints: dict[str, str] = Field(description="What the service offers, route by route.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
+import grpo_service.llm_training  # noqa: F401  (registers the sft and rl job types)
 import training.job_types  # noqa: F401  (registers the job types)
 from grpo_service.config import Settings
 from grpo_service.registry import new_instance_id

@@ -107,3 +107,40 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
     bad.write_text("model = \n")
     with pytest.raises(ConfigError, match="bad.toml"):
         load_config(SFTConfig, bad, "sft")
+
+
+def test_an_sft_job_through_the_job_api(setup, start_server, tmp_path: Path) -> None:
+    """``POST /train {"type": "sft"}`` runs the same trainer in a job process, writes the run under
+    the state directory's ``models/<model_name>/`` and reports its steps; a missing model is a 4xx."""
+    import time
+
+    import httpx
+
+    model_dir, data = setup
+    server = start_server(training_max_jobs=1)
+    with httpx.Client(base_url=server.base_url, timeout=90) as client:
+        body = {
+            "type": "sft",
+            "model": str(model_dir),
+            "dataset": str(data),
+            "max_steps": 3,
+            "model_name": "s1",
+        }
+        answer = client.post("/train", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["config"]["type"] == "sft"
+        job_id = answer.json()["job_id"]
+        deadline = time.monotonic() + 120
+        while (status := client.get(f"/training/{job_id}/status").json())["status"] not in (
+            "completed",
+            "failed",
+            "stopped",
+        ):
+            assert time.monotonic() < deadline, status
+            time.sleep(0.2)
+        assert status["status"] == "completed", status
+        assert status["job_type"] == "sft" and status["current_timesteps"] == status["total_timesteps"] == 3
+        run = tmp_path / "state" / "models" / "s1"  # the start_server fixture's state directory
+        assert (run / "final" / "config.json").exists() and (run / "metrics.jsonl").exists()
+        unknown = client.post("/train", json={"type": "sft", "dataset": str(data)})
+        assert unknown.status_code == 422 and "model" in unknown.text

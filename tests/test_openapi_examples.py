@@ -4,7 +4,8 @@ can return. The test walks the app's own OpenAPI document, so routes added later
 
 A placeholder such as ``"<env_id from /env/create>"`` stands for an id an earlier call returned:
 the test fills it with a live object's id, chosen by the field's name (``env_id``,
-``bound_env_id``, ``policy_id``, ``snapshot_id``, ``run_id`` and their lists).
+``bound_env_id``, ``policy_id``, ``snapshot_id``, ``run_id``, ``job_id``, ``model_name`` and
+their lists).
 """
 
 from __future__ import annotations
@@ -56,6 +57,11 @@ class LiveIds:
     def __init__(self, client: httpx.Client) -> None:
         self.client = client
         self.run_id = self._finished_run()
+        self.job_id = self._finished_job()
+        # Stopping takes a running job: one with a budget it will not finish during the test.
+        self.running_job_id = self._post(
+            "/train", {"total_timesteps": 10_000_000, "model_name": "example-running"}
+        )["job_id"]
         inference = client.get("/info").json()["inference"]  # the test's fake LLM
         self.base_url, self.model = inference["base_url"], inference["default_model"]
 
@@ -79,6 +85,14 @@ class LiveIds:
             time.sleep(0.05)
         return started["run_id"]
 
+    def _finished_job(self) -> str:
+        job_id = self._post("/train", {"total_timesteps": 64, "model_name": "example-live"})["job_id"]
+        deadline = time.monotonic() + 60
+        while self.client.get(f"/training/{job_id}/status").json()["status"] in ("pending", "running"):
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        return job_id
+
     def fresh(self) -> dict[str, str]:
         env_id = self._post("/env/create", {"env_name": "crafter", "seed": 3})["env_id"]
         policy_id = self._post(
@@ -90,6 +104,9 @@ class LiveIds:
             "env_snapshot_id": self._post("/env/snapshot", {"env_id": env_id})["snapshot_id"],
             "policy_snapshot_id": self._post("/policy/snapshot", {"policy_id": policy_id})["snapshot_id"],
             "run_id": self.run_id,
+            "job_id": self.job_id,
+            "running_job_id": self.running_job_id,
+            "model_name": "example-live",
             "base_url": self.base_url,
             "model": self.model,
         }
@@ -105,6 +122,8 @@ def fill(value: Any, path: str, ids: dict[str, str], key: str | None = None) -> 
     if isinstance(value, str) and value.startswith("<") and value.endswith(">"):
         if key in ("env_id", "bound_env_id"):
             return ids["env_id"]
+        if key == "job_id" and path.endswith("/stop"):
+            return ids["running_job_id"]
         if key == "snapshot_id":
             return ids["policy_snapshot_id" if path.startswith("/policy/") else "env_snapshot_id"]
         if key in ids:
@@ -121,7 +140,8 @@ def schema(client: httpx.Client) -> dict[str, Any]:
 def test_every_operation_example_succeeds(server: ServerThread, client: httpx.Client, schema: dict) -> None:
     live = LiveIds(client)
     failures = []
-    for path, method, op in operations(schema):
+    # Deletions last, as a user cleans up: deleting the example model first would fail /inference.
+    for path, method, op in sorted(operations(schema), key=lambda item: item[1] == "delete"):
         ids = live.fresh()
         url = path
         for name in re.findall(r"\{(\w+)\}", path):

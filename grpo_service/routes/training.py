@@ -15,12 +15,12 @@ from grpo_service import __version__
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import (
-    ERROR_RESPONSES,
     CapacityExceeded,
     Conflict,
     NotFound,
     ServiceError,
     Unprocessable,
+    error_responses,
 )
 from grpo_service.limits import StrictJSONRoute
 from grpo_service.routes.meta import ENDPOINTS
@@ -47,7 +47,6 @@ router = APIRouter(
     tags=["training"],
     dependencies=[Depends(require_api_key)],
     route_class=StrictJSONRoute,
-    responses=ERROR_RESPONSES,
 )
 
 TRAINING_ENDPOINTS = {
@@ -61,6 +60,39 @@ TRAINING_ENDPOINTS = {
     "health": "GET /health",
 }
 TrainRequest = train_request_type()
+TRAIN_EXAMPLES = {
+    "gymnasium": {
+        "summary": "Seed 004: GRPO on CartPole-v1",
+        "value": {
+            "env_name": "CartPole-v1",
+            "total_timesteps": 10000,
+            "learning_rate": 0.0003,
+            "n_steps": 32,
+            "batch_size": 64,
+            "n_epochs": 10,
+            "reward_function_type": "optimized_cartpole",
+            "model_name": "my_model",
+        },
+    },
+    "sft": {
+        "summary": "SFT of a causal LM on export-sft data (paths on the server)",
+        "value": {
+            "type": "sft",
+            "model": "models/tiny-lm",
+            "dataset": "ft_data/crafter_sft.jsonl",
+            "model_name": "my_sft",
+        },
+    },
+    "rl": {
+        "summary": "GRPO of a causal LM against this task app, sampling from serve-model",
+        "value": {
+            "type": "rl",
+            "model": "models/tiny-lm",
+            "model_server_url": "http://127.0.0.1:8001",
+            "model_name": "my_rl",
+        },
+    },
+}
 JobId = Annotated[str, Path(max_length=64, description="A job id from POST /train.")]
 ModelNamePath = Annotated[str, Path(max_length=128, description="A saved model's name.")]
 
@@ -96,8 +128,15 @@ async def root() -> RootResponse:
     )
 
 
-@router.post("/train", response_model=TrainResponse, status_code=200)
-async def train(config: Annotated[TrainRequest, Body()], training: TrainingDep) -> TrainResponse:
+@router.post(
+    "/train",
+    response_model=TrainResponse,
+    status_code=200,
+    responses=error_responses(400, 409, 413, 422, 429, 503),
+)
+async def train(
+    config: Annotated[TrainRequest, Body(openapi_examples=TRAIN_EXAMPLES)], training: TrainingDep
+) -> TrainResponse:
     """Start a training job in its own process. Every field is optional (seed 004's defaults);
     ``type`` picks the job type (``gymnasium``: GRPO of an MLP policy on a gymnasium env)."""
     if importlib.util.find_spec("torch") is None:
@@ -125,13 +164,17 @@ async def list_jobs(training: TrainingDep) -> JobListResponse:
     return JobListResponse(jobs=[JobSummary.model_validate(j.record()) for j in training.runner.list()])
 
 
-@router.get("/training/{job_id}/status", response_model=JobStatusResponse)
+@router.get(
+    "/training/{job_id}/status", response_model=JobStatusResponse, responses=error_responses(404, 421, 422)
+)
 async def job_status(job_id: JobId, training: TrainingDep) -> JobStatusResponse:
     """Status, progress and the live metrics of the job's last update."""
     return _status(_job(training, job_id))
 
 
-@router.post("/training/{job_id}/stop", response_model=StopResponse)
+@router.post(
+    "/training/{job_id}/stop", response_model=StopResponse, responses=error_responses(404, 409, 421, 422)
+)
 async def stop_job(job_id: JobId, training: TrainingDep) -> StopResponse:
     """Stop a job within a second; the model keeps its last checkpoint. Stopping a stopped job is
     a no-op; stopping a completed or failed one is a 409."""
@@ -142,7 +185,7 @@ async def stop_job(job_id: JobId, training: TrainingDep) -> StopResponse:
     return StopResponse(message="Training job stopped", job_id=job_id, status=job.status)
 
 
-@router.post("/inference", response_model=InferenceResponse)
+@router.post("/inference", response_model=InferenceResponse, responses=error_responses(400, 404, 413, 422))
 async def inference(req: InferenceRequest, training: TrainingDep) -> InferenceResponse:
     """The action a saved model takes for one observation, with every action's probability (a
     model being trained answers with its latest checkpoint)."""
@@ -179,7 +222,9 @@ async def list_models(training: TrainingDep) -> ModelListResponse:
     )
 
 
-@router.delete("/models/{model_name}", response_model=DeleteModelResponse)
+@router.delete(
+    "/models/{model_name}", response_model=DeleteModelResponse, responses=error_responses(404, 409, 422)
+)
 async def delete_model(model_name: ModelNamePath, training: TrainingDep) -> DeleteModelResponse:
     """Delete a model from memory and disk (with its metrics and curves)."""
     try:

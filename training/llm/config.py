@@ -12,7 +12,7 @@ MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"
 
 
 class _Config(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model_name: str | None = Field(
         default=None,
@@ -28,11 +28,11 @@ class _Config(BaseModel):
         description="The run directory (metrics.jsonl, curves.png, checkpoints/, final/). "
         "Default: the job's models directory / model name.",
     )
-    seed: int = 0
+    seed: int = Field(default=0, description="Seed of the data order, sampling and initialisation.")
     threads: int = Field(default=1, ge=1, le=256, description="torch threads (1 is fastest on a busy CPU).")
     save_every: int = Field(default=50, ge=1, description="Checkpoint every N steps (and at the end).")
-    keep_checkpoints: int = Field(default=2, ge=1)
-    grad_clip: float = Field(default=1.0, gt=0)
+    keep_checkpoints: int = Field(default=2, ge=1, description="Checkpoints kept on disk (the newest).")
+    grad_clip: float = Field(default=1.0, gt=0, description="Gradient norm clipping.")
 
 
 class SFTConfig(_Config):
@@ -40,12 +40,12 @@ class SFTConfig(_Config):
 
     type: Literal["sft"] = Field(default="sft", description="Job type: `sft`.")
     dataset: str | None = Field(default=None, description="Chat JSONL (the --dataset flag sets it).")
-    epochs: int = Field(default=1, ge=1, le=10_000)
+    epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset.")
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
-    batch_size: int = Field(default=4, ge=1, le=4096)
-    lr: float = Field(default=5e-4, gt=0, le=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    warmup_steps: int = Field(default=0, ge=0)
+    batch_size: int = Field(default=4, ge=1, le=4096, description="Examples per optimizer step.")
+    lr: float = Field(default=5e-4, gt=0, le=1, description="AdamW learning rate (cosine schedule).")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(default=0, ge=0, description="Linear warm-up steps of the learning rate.")
     max_length: int = Field(default=4096, ge=8, description="Longer examples are skipped (counted).")
 
 
@@ -61,24 +61,26 @@ class RLConfig(_Config):
         default="http://127.0.0.1:8001",
         description="serve-model serving `model`: the policy's inference URL.",
     )
-    env_name: str = "crafter"
-    env_config: dict[str, Any] = Field(default_factory=dict)
-    policy_name: str = "crafter-react"
+    env_name: str = Field(default="crafter", description="The task app's environment plug-in.")
+    env_config: dict[str, Any] = Field(default_factory=dict, description="The environment's config.")
+    policy_name: str = Field(default="crafter-react", description="The LLM policy plug-in that plays it.")
     policy_config: dict[str, Any] = Field(
         default_factory=dict, description="inference_url and model are set to the model server's."
     )
     seeds: list[int] = Field(
         default_factory=list, description="Start seeds, cycled; empty: seed_base, seed_base + 1, ..."
     )
-    seed_base: int = Field(default=0, ge=0)
-    steps: int = Field(default=10, ge=1, le=1_000_000)
+    seed_base: int = Field(default=0, ge=0, description="First start seed when `seeds` is empty.")
+    steps: int = Field(default=10, ge=1, le=1_000_000, description="GRPO steps (one batch of groups each).")
     groups_per_step: int = Field(default=2, ge=1, le=1024, description="B: starts per step.")
     group_size: int = Field(default=4, ge=2, le=256, description="G: rollouts per start.")
-    max_turns: int = Field(default=10, ge=1, le=100_000)
-    rollout_timeout_s: float = Field(default=600.0, gt=0, le=86_400)
-    lr: float = Field(default=1e-5, gt=0, le=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    max_turns: int = Field(default=10, ge=1, le=100_000, description="Decisions per rollout at most.")
+    rollout_timeout_s: float = Field(
+        default=600.0, gt=0, le=86_400, description="Deadline of one group request."
+    )
+    lr: float = Field(default=1e-5, gt=0, le=1, description="AdamW learning rate.")
+    weight_decay: float = Field(default=0.0, ge=0, description="AdamW weight decay.")
+    clip_eps: float = Field(default=0.2, gt=0, lt=1, description="PPO-style clip range of the ratio.")
     clip_eps_high: float | None = Field(
         default=None, gt=0, description="DAPO's clip-higher; default clip_eps."
     )
@@ -86,7 +88,9 @@ class RLConfig(_Config):
         default=0.0, ge=0, description="KL (k3) to the start model; 0: no reference model."
     )
     scale_by_std: bool = Field(default=True, description="False: Dr. GRPO's R - mean advantages.")
-    aggregation: Literal["token", "sequence"] = "token"
+    aggregation: Literal["token", "sequence"] = Field(
+        default="token", description="Loss averaged over all tokens, or per sequence then over sequences."
+    )
     updates_per_step: int = Field(default=1, ge=1, le=64, description="Optimizer steps on each batch.")
     micro_batch: int = Field(default=8, ge=1, le=4096, description="Sequences per forward pass.")
     max_staleness: int = Field(
