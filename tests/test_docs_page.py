@@ -5,31 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from grpo_service.models import RolloutRequest
+from tests.browser import headless_chromium
 from tools.server_thread import ServerThread
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    # Offline: every host but loopback resolves to nothing, so a CDN asset could not load.
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-)
 
 
 def test_docs_pages_load_only_assets_the_service_serves(client: httpx.Client) -> None:
@@ -44,23 +27,9 @@ def test_docs_pages_load_only_assets_the_service_serves(client: httpx.Client) ->
 
 @pytest.fixture
 def browser() -> Iterator[object]:
-    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        pytest.skip("Debian's chromium and chromium-driver are not installed")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in FLAGS:
-        options.add_argument(flag)
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        options.add_argument(f"--user-data-dir={profile}")
-        driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
-        driver.set_page_load_timeout(30)
-        try:
-            yield driver
-        finally:
-            driver.quit()
+    # Offline: every host but loopback resolves to nothing, so a CDN asset could not load.
+    with headless_chromium("--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1") as driver:
+        yield driver
 
 
 def test_docs_render_offline_in_chromium(server: ServerThread, browser: object) -> None:
