@@ -1,14 +1,17 @@
-"""Seed 001's loop as a benchmark: does it learn? init a model here -> collect a teacher's traced
-rollouts through the task app -> export -> SFT -> eval -> GRPO -> eval, on Crafter with
-`crafter-react`, everything on 127.0.0.1 in this process.
+"""Seed 001's loop as a benchmark: does a model made here learn to play a text game?
 
-    python scripts/bench_llm_loop.py --out bench_llm [--sft-steps 400] [--rl-steps 20] [--eval-seeds 16]
+    python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
 
-Writes OUT/report.json (eval before SFT, after SFT and after GRPO: the share of decisions that
-were a valid tool call, mean return, each with its spread over the eval seeds) and the SFT and
-GRPO runs with their curves (OUT/sft/curves.png, OUT/rl/curves.png). The teacher is the scripted
-vLLM-shaped fake (valid random actions), so what SFT can teach is the tool-call format, and the
-GRPO reward adds a format penalty: a rollout that ends in a policy error scores -1.
+Everything runs in this process on 127.0.0.1: `init-model` (a Qwen2 with a tokenizer trained on
+the game's text) → the task app and `serve-model` → collect the scripted solver's traced
+rollouts (the game's own LLM agent with ``teacher: oracle``: the agent's exact prompts answered
+by the solver's action) → `export-sft` → SFT → GRPO against the task app → `eval` on held-out
+tasks after each stage. The default game is BabyAI's single-room "go to" levels, which the
+model plays in AgentGym's conversation (``Action: go to red ball 1``).
+
+Writes OUT/report.json (success rate and mean score of the start model, after SFT and after
+GRPO, each with its spread over the held-out tasks, a 95% interval and per level),
+OUT/report.png (those figures), OUT/sft/curves.png and OUT/rl/curves.png (the runs' curves).
 """
 
 from __future__ import annotations
@@ -16,20 +19,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import statistics
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import httpx
 import torch
 
-import grpo_service.cli  # noqa: F401  (first: grpo_service.eval and the CLI import each other)
 from grpo_service import Settings, create_app
 from grpo_service.eval import EvalConfig, run_eval
 from grpo_service.llm_training import TaskAppClient
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
 from training.llm.model import ModelSpec, environment_corpus, init_model
@@ -37,48 +41,155 @@ from training.llm.rl import train_rl
 from training.llm.server import ModelEngine, create_model_app
 from training.llm.sft import train_sft
 
-SYSTEM = "You play Crafter. Call interact_many with 1 or 2 actions."
-POLICY = {"system_prompt": SYSTEM, "history_window": 1, "max_actions_per_call": 2}
+BABYAI_LEVELS = 40  # AgentGym's task numbering: task i plays level i % 40 with reset seed i // 40
 
 
-def evaluate(app: ServerThread, seeds: list[int], turns: int) -> dict[str, float]:
+class Game:
+    """How the benchmark plays one environment: its LLM agent and which tasks train and test."""
+
+    def __init__(self, env: str, policy: str, levels: list[int] | None, tasks: int | None) -> None:
+        self.env, self.policy, self.levels, self.tasks = env, policy, levels, tasks
+
+    def task_ids(self, start: int, count: int) -> list[int]:
+        """``count`` task ids from the ``start``-th instance on (BabyAI: of each chosen level)."""
+        if self.levels is None:
+            return list(range(start, start + count))
+        per_level = -(-count // len(self.levels))
+        ids = [BABYAI_LEVELS * k + level for k in range(start, start + per_level) for level in self.levels]
+        return ids[:count]
+
+    def level(self, task: int) -> str:
+        return f"level {task % BABYAI_LEVELS}" if self.levels is not None else "all"
+
+
+GAMES = {
+    # BabyAI's single-room "go to" levels: GoToRedBallGrey, GoToRedBall, GoToRedBallNoDists,
+    # GoToObjS6, GoToLocalS8N7.
+    "babyai": Game("babyai", "babyai-agent", levels=[0, 1, 2, 3, 4], tasks=None),
+    "textcraft": Game("textcraft", "textcraft-agent", levels=None, tasks=544),
+}
+
+
+def evaluate(app: ServerThread, game: Game, tasks: list[int], args: argparse.Namespace) -> dict[str, Any]:
     config = EvalConfig(
         base_url=app.base_url,
         model="tiny",
-        max_turns=turns,
-        seeds=seeds,
+        env_name=game.env,
+        policy=game.policy,
+        max_turns=args.turns,
+        seeds=tasks,
         concurrency=8,
-        policy_config={**POLICY, "temperature": 1.0, "max_tokens": 48},
+        policy_config=policy_config(args, temperature=args.eval_temperature),
     )
     results = asyncio.run(run_eval(config))
-    acted = [0.0 if (r.stop_reason or "").startswith("policy_error") else 1.0 for r in results]
-    valid = [r.turns for r in results]
-    returns = [r.total_return for r in results]
+    success = [1.0 if r.returned and r.total_return > 0 else 0.0 for r in results]
+    scores = [r.total_return for r in results]
+    by_level: dict[str, list[float]] = defaultdict(list)
+    for r, s in zip(results, success, strict=True):
+        by_level[game.level(r.seed)].append(s)
+    failures: dict[str, int] = defaultdict(int)
+    for r in results:
+        if r.stop_reason and r.total_return <= 0:
+            failures[r.stop_reason.split(":")[0]] += 1
+    low, high = bootstrap_interval(success)
     return {
         "episodes": len(results),
-        "acted_rate": statistics.fmean(acted),
-        "acted_rate_std": statistics.pstdev(acted),
-        "mean_valid_turns": statistics.fmean(valid),
-        "mean_return": statistics.fmean(returns),
-        "return_std": statistics.pstdev(returns),
+        "success_rate": statistics.fmean(success),
+        "success_std": statistics.pstdev(success),
+        "success_ci95": [low, high],
+        "mean_score": statistics.fmean(scores),
+        "score_std": statistics.pstdev(scores),
+        "mean_turns": statistics.fmean(r.turns for r in results),
+        "success_by_level": {k: statistics.fmean(v) for k, v in sorted(by_level.items())},
+        "unsolved_by_stop_reason": dict(failures),
     }
+
+
+def bootstrap_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
+    """95% bootstrap interval of the mean over the held-out tasks."""
+    rng = random.Random(0)
+    means = sorted(statistics.fmean(rng.choices(values, k=len(values))) for _ in range(draws))
+    return means[int(0.025 * draws)], means[int(0.975 * draws) - 1]
+
+
+def policy_config(args: argparse.Namespace, temperature: float, **extra: Any) -> dict[str, Any]:
+    return {
+        "history_window": args.history,
+        "temperature": temperature,
+        "max_tokens": 24,
+        **extra,
+    }
+
+
+def collect_teacher(app: ServerThread, game: Game, tasks: list[int], args: argparse.Namespace) -> None:
+    """The solver's rollouts through the task app: the agent's prompts, the oracle's replies."""
+    with httpx.Client(base_url=app.base_url, timeout=600) as client:
+        for task in tasks:
+            body = {
+                "group_size": 1,
+                "env": {"env_name": game.env, "seed": task, "config": {"oracle": True}},
+                "max_turns": args.turns,
+                "policy": {"policy_name": game.policy, "config": policy_config(args, 0.0, teacher="oracle")},
+            }
+            client.post("/rollout/group", json=body).raise_for_status()
+
+
+def plot_report(report: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    stages = [("eval_start", "start model"), ("eval_sft", "after SFT"), ("eval_rl", "after GRPO")]
+    stages = [(key, label) for key, label in stages if key in report]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    rates = [report[k]["success_rate"] for k, _ in stages]
+    errors = [
+        [r - report[k]["success_ci95"][0] for (k, _), r in zip(stages, rates, strict=True)],
+        [report[k]["success_ci95"][1] - r for (k, _), r in zip(stages, rates, strict=True)],
+    ]
+    left.bar([label for _, label in stages], rates, yerr=errors, capsize=6, color=["#999", "#4a90d9", "#2e8b57"])
+    left.set_ylim(0, 1)
+    left.set_ylabel("success rate (held-out tasks, 95% interval)")
+    left.set_title(f"{report['game']}: {report['eval_tasks']} held-out tasks")
+    levels = sorted(report[stages[0][0]]["success_by_level"])
+    width = 0.8 / len(stages)
+    for i, (key, label) in enumerate(stages):
+        xs = [j + i * width for j in range(len(levels))]
+        right.bar(xs, [report[key]["success_by_level"][lvl] for lvl in levels], width, label=label)
+    right.set_xticks([j + width * (len(stages) - 1) / 2 for j in range(len(levels))], levels)
+    right.set_ylim(0, 1)
+    right.set_title("success rate by level")
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench_llm"))
-    parser.add_argument("--teacher-rollouts", type=int, default=64)
-    parser.add_argument("--turns", type=int, default=4)
-    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--env", choices=sorted(GAMES), default="babyai")
+    parser.add_argument("--teacher-tasks", type=int, default=200, help="Solver rollouts distilled by SFT.")
+    parser.add_argument("--eval-tasks", type=int, default=100, help="Held-out tasks of each evaluation.")
+    parser.add_argument("--turns", type=int, default=6, help="Decisions per episode at most.")
+    parser.add_argument("--history", type=int, default=2, help="Past turns replayed to the model.")
+    parser.add_argument("--hidden", type=int, default=192)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=400)
-    parser.add_argument("--rl-steps", type=int, default=20)
-    parser.add_argument("--eval-seeds", type=int, default=16)
+    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-lr", type=float, default=2e-3)
+    parser.add_argument("--rl-steps", type=int, default=40)
+    parser.add_argument("--rl-lr", type=float, default=5e-4)
+    parser.add_argument("--groups", type=int, default=4, help="B: starts per GRPO step.")
+    parser.add_argument("--group-size", type=int, default=8, help="G: rollouts per start.")
+    parser.add_argument("--eval-temperature", type=float, default=0.7)
+    parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and sampling.")
     parser.add_argument(
         "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
     )
     args = parser.parse_args()
     torch.set_num_threads(1)
+    game = GAMES[args.env]
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
@@ -90,6 +201,8 @@ def main() -> None:
 
     previous = json.loads((args.sft_from / "report.json").read_text()) if args.sft_from else None
     model_dir = (args.sft_from or out) / "model"
+    teacher_tasks = game.task_ids(0, args.teacher_tasks)
+    eval_tasks = game.task_ids(1000, args.eval_tasks)  # instances no training run ever sees
     spec = ModelSpec(
         vocab_size=2048,
         hidden_size=args.hidden,
@@ -98,18 +211,22 @@ def main() -> None:
         num_kv_heads=2,
         intermediate_size=2 * args.hidden,
         max_positions=2048,
+        seed=args.seed,
     )
     if previous is None:
-        corpus = list(environment_corpus(seeds=3, env_names=["crafter"])) + [SYSTEM]
-        info = init_model(model_dir, corpus, spec)
+        info = init_model(model_dir, environment_corpus(seeds=40, env_names=[game.env]), spec)
     else:
         info = previous["model"]
     lap("init-model")
-    engine = ModelEngine(model_dir, served_name="tiny", max_batch_rows=16)
+    engine = ModelEngine(model_dir, served_name="tiny", max_batch_rows=32)
     db = out / "traces.db"
     db.unlink(missing_ok=True)
-    eval_seeds = list(range(10_000, 10_000 + args.eval_seeds))
-    report: dict = {"model": info, "args": vars(args) | {"out": str(out)}}
+    report: dict[str, Any] = {
+        "game": f"{game.env} levels {game.levels}" if game.levels else game.env,
+        "eval_tasks": len(eval_tasks),
+        "model": info,
+        "args": vars(args) | {"out": str(out), "sft_from": str(args.sft_from)},
+    }
     with ServerThread(create_model_app(engine), name="model-server") as model_server:
         settings = Settings(
             _env_file=None,
@@ -118,38 +235,17 @@ def main() -> None:
             vllm_base_url=model_server.base_url,
             snapshot_secret="bench-" + "x" * 32,
         )
-        with (
-            FakeInferenceServer(FakeConfig(model="teacher", actions_per_call=(1, 2))) as teacher,
-            ServerThread(create_app(settings), name="task-app") as app,
-        ):
-            report["eval_start"] = evaluate(app, eval_seeds, args.turns)
+        with ServerThread(create_app(settings), name="task-app") as app:
+            report["eval_start"] = evaluate(app, game, eval_tasks, args)
             lap("eval start")
-            if previous is not None:
-                sft = {"final": str(args.sft_from / "sft" / "final")}
-                report["sft"] = previous["sft"]
-            for seed in range(args.teacher_rollouts // 8 if previous is None else 0):
-                body = {
-                    "group_size": 8,
-                    "env": {"env_name": "crafter", "seed": seed},
-                    "max_turns": args.turns,
-                    "policy": {
-                        "policy_name": "crafter-react",
-                        "config": {
-                            **POLICY,
-                            "inference_url": teacher.base_url,
-                            "model": "teacher",
-                            "seed": seed,
-                        },
-                    },
-                }
-                httpx.post(f"{app.base_url}/rollout/group", json=body, timeout=600).raise_for_status()
-            for _ in range(100 if previous is None else 0):
-                with TraceReader(db) as reader:
-                    if reader.count("sessions") >= args.teacher_rollouts:
-                        break
-                time.sleep(0.1)
             if previous is None:
-                export = export_sft(db, out / "sft.jsonl", ExportFilters(model="teacher"))
+                collect_teacher(app, game, teacher_tasks, args)
+                for _ in range(600):  # the trace writer commits in the background
+                    with TraceReader(db) as reader:
+                        if reader.count("sessions") >= len(eval_tasks) + len(teacher_tasks):
+                            break
+                    time.sleep(0.1)
+                export = export_sft(db, out / "sft.jsonl", ExportFilters(model="oracle"))
                 report["export"] = export.as_dict()
                 lap("collect + export")
                 sft = train_sft(
@@ -160,59 +256,60 @@ def main() -> None:
                         max_steps=args.sft_steps,
                         epochs=10_000,
                         batch_size=8,
-                        lr=3e-3,
-                        warmup_steps=20,
-                        save_every=100,
+                        lr=args.sft_lr,
+                        warmup_steps=10,
+                        save_every=50,
+                        seed=args.seed,
                     )
                 )
-                report["sft"] = {
-                    k: sft[k] for k in ("steps", "examples", "first_loss", "last_loss", "wall_s")
-                }
+                report["sft"] = {k: sft[k] for k in ("steps", "examples", "first_loss", "last_loss", "wall_s")}
                 lap("sft")
+            else:
+                sft = {"final": str(args.sft_from / "sft" / "final")}
+                report["sft"] = previous["sft"]
+                report["export"] = previous.get("export")
             engine.load_weights(sft["final"])
-            report["eval_sft"] = evaluate(app, eval_seeds, args.turns)
+            report["eval_sft"] = evaluate(app, game, eval_tasks, args)
             lap("eval sft")
-            config = RLConfig(
-                model=sft["final"],
-                out=str(out / "rl"),
-                task_app_url=app.base_url,
-                model_server_url=model_server.base_url,
-                policy_config={**POLICY, "temperature": 1.0, "max_tokens": 48},
-                steps=args.rl_steps,
-                groups_per_step=2,
-                group_size=8,
-                max_turns=args.turns,
-                lr=1e-3,
-                kl_coef=0.02,
-                format_penalty=1.0,
-                updates_per_step=2,
-                micro_batch=8,
-                save_every=10,
+            rl = train_rl(
+                RLConfig(
+                    model=sft["final"],
+                    out=str(out / "rl"),
+                    task_app_url=app.base_url,
+                    model_server_url=model_server.base_url,
+                    env_name=game.env,
+                    policy_name=game.policy,
+                    policy_config=policy_config(args, temperature=1.0),
+                    seeds=game.task_ids(0, args.teacher_tasks),
+                    steps=args.rl_steps,
+                    groups_per_step=args.groups,
+                    group_size=args.group_size,
+                    max_turns=args.turns,
+                    lr=args.rl_lr,
+                    kl_coef=0.0,
+                    updates_per_step=1,
+                    micro_batch=16,
+                    save_every=20,
+                    seed=args.seed,
+                ),
+                task_app=TaskAppClient(app.base_url),
             )
-            rl = train_rl(config, task_app=TaskAppClient(app.base_url))
-            report["rl"] = {
-                k: rl[k]
-                for k in (
-                    "steps",
-                    "reward_first",
-                    "reward_last",
-                    "totals",
-                    "weights_version_first",
-                    "weights_version_last",
-                )
-            }
+            keys = ("steps", "reward_first", "reward_last", "totals", "weights_version_first", "weights_version_last")
+            report["rl"] = {k: rl[k] for k in keys}
             lap("rl")
-            report["eval_rl"] = evaluate(app, eval_seeds, args.turns)
+            report["eval_rl"] = evaluate(app, game, eval_tasks, args)
             lap("eval rl")
     engine.close()
     report["timings_s"] = timings
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+    plot_report(report, out / "report.png")
     for stage in ("eval_start", "eval_sft", "eval_rl"):
         e = report[stage]
+        low, high = e["success_ci95"]
         print(
-            f"{stage:10s} acted {e['acted_rate']:.2f} (sd {e['acted_rate_std']:.2f})  "
-            f"valid turns {e['mean_valid_turns']:.2f}  "
-            f"return {e['mean_return']:+.3f} (sd {e['return_std']:.3f})"
+            f"{stage:10s} success {e['success_rate']:.2f} (sd {e['success_std']:.2f}, 95% {low:.2f}-{high:.2f})  "
+            f"score {e['mean_score']:.3f} (sd {e['score_std']:.3f})  turns {e['mean_turns']:.2f}  "
+            f"by level {e['success_by_level']}"
         )
 
 

@@ -158,6 +158,43 @@ def test_babyai_bot_solves_the_goto_and_open_levels(level: int) -> None:
     assert result.observation["state"].endswith("\n The task is completed.")
 
 
+def bot_primitives(task: int) -> list[int]:
+    """minigrid's BabyAI bot alone on task ``task``: the primitive steps it takes to the end."""
+    from minigrid.utils.baby_ai_bot import BabyAIBot
+
+    from envs.babyai import levels
+
+    level, seed = levels.level_of(task)
+    gym = levels.make(level)
+    gym.reset(seed=seed)
+    bot, steps, taken = BabyAIBot(gym), [], None
+    for _ in range(400):
+        action = int(bot.replan(taken))
+        steps.append(action)
+        if gym.step(action)[2]:
+            return steps
+        taken = action
+    raise AssertionError(f"the bot did not finish task {task}")
+
+
+def test_babyai_oracle_speaks_the_agents_actions_and_moves_as_the_bot_does() -> None:
+    """The oracle's actions are the agent's own (available text actions); each takes exactly the
+    bot's next steps, so the bot's success stands; a walk to a visible goal is one "go to"."""
+    walks = 0
+    for task in (0, 1, 2, 3, 4, 11, 16, 40, 41, 42):
+        text_env = BabyAIEnv.create({"oracle": True}, task)
+        result = text_env.reset()
+        while not result.done and result.step_idx < 200:
+            action = result.observation["oracle_action"]
+            assert isinstance(action, str) and action in result.observation["available_actions"]
+            walks += action.startswith("go to")
+            result = text_env.step([action])
+        assert result.info["success"], task
+        played = decode_state(b"BABYAI1", text_env.get_state(), "babyai")["game"]["primitives"]
+        assert played == bot_primitives(task), task
+    assert walks >= 5
+
+
 def test_babyai_snapshot_replays_and_refuses_tampering() -> None:
     env = BabyAIEnv.create({}, 13)
     env.reset()

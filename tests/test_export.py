@@ -152,9 +152,15 @@ def test_validation_catches_what_fine_tuning_would_reject() -> None:
     ex = _example()
     ex["messages"][-1]["tool_calls"][0]["function"]["arguments"] = "{actions: do"
     assert validate_example(ex) == ["arguments_not_json"]
-    ex = _example()
+    ex = _example(tools=[{"type": "function", "function": {"name": "t"}}])
     ex["messages"][-1] = {"role": "assistant", "content": "just text"}
-    assert validate_example(ex) == ["last_not_tool_call"]
+    assert validate_example(ex) == ["last_not_tool_call"]  # offered tools, it must call one
+    ex["messages"][-1] = {"role": "user", "content": "u3"}
+    assert validate_example(ex) == ["last_not_assistant"]
+    text_format = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "Action: go"}]}
+    assert validate_example(text_format) == []  # agentgym's format: the reply is text
+    text_format["messages"][-1]["content"] = " "
+    assert validate_example(text_format) == ["last_reply_empty"]
     ex = _example()
     ex["messages"][1]["content"] = None
     assert validate_example(ex) == ["content_not_string"]

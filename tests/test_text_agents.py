@@ -115,3 +115,49 @@ def test_eval_env_textcraft_reports_success_rate_and_mean_score(
     assert report["aggregate"]["success_rate"] == 0.0 and report["aggregate"]["mean_score"] == 0.0
     assert report["config"]["env_name"] == "textcraft"
     assert [e["total_return"] for e in report["episodes"]] == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize(
+    ("game", "task", "prompt_format"), [("textcraft", 0, "agentgym"), ("babyai", 1, "tool_calls")]
+)
+def test_oracle_teacher_traces_the_agents_prompts_and_exports_them_as_sft_data(
+    start_server: Callable[..., ServerThread], tmp_path: Path, game: str, task: int, prompt_format: str
+) -> None:
+    """``teacher: oracle``: the agent's own prompts answered by the solver, traced as model 'oracle'
+    and exported as chat SFT examples (how scripted baselines are distilled into a model)."""
+    import json
+
+    from grpo_service.tracing.export import ExportFilters, export_sft
+
+    db = tmp_path / "traces.db"
+    server = start_server(trace_db=db)
+    config = {"teacher": "oracle", "prompt_format": prompt_format, "temperature": 0.0}
+    body = {
+        "group_size": 1,
+        "env": {"env_name": game, "seed": task, "config": {"oracle": True}},
+        "max_turns": 20,
+        "policy": {"policy_name": f"{game}-agent", "config": config},
+    }
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        result = client.post("/rollout/group", json=body).json()["members"][0]["result"]
+        (trajectory,) = result["trajectories"]
+        assert trajectory["done"] and trajectory["total_reward"] > 0  # the solver's success
+        # Without the env's oracle there is nothing to teach: a policy error, not a guess.
+        no_oracle = client.post("/rollout/group", json={**body, "env": {"env_name": game, "seed": task}})
+        assert no_oracle.json()["members"][0]["result"]["stop_reason"] == "policy_error:no_oracle_action"
+        r = client.post("/policy/create", json={"policy_name": "crafter-react", "config": {"teacher": "oracle"}})
+        assert r.status_code == 422 and "text action space" in r.text
+    traced_sessions(db, 2)
+    report = export_sft(db, tmp_path / "sft.jsonl", ExportFilters(model="oracle"))
+    examples = [json.loads(line) for line in (tmp_path / "sft.jsonl").read_text().splitlines()]
+    assert report.examples == len(examples) == trajectory["length"] >= 1
+    replies = []
+    for example in examples:
+        reply = example["messages"][-1]
+        if prompt_format == "agentgym":
+            assert "tools" not in example and example["messages"][0]["content"].startswith("You are")
+            replies.append(reply["content"].removeprefix("Action: "))
+        else:
+            assert [t["function"]["name"] for t in example["tools"]] == [TOOL_NAME]
+            replies.append(json.loads(reply["tool_calls"][0]["function"]["arguments"])["action"])
+    assert replies == [a for step in trajectory["steps"] for a in step["actions"]]

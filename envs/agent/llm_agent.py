@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
 
 from envs.agent.formats import (
+    TEXT_ACTION_TOOL,
     AgentGymFormat,
     ParsedReply,
     PromptFormatName,
@@ -45,9 +46,12 @@ from envs.base import (
 )
 from inference import openai_client
 from inference.calls import LLMCall
+from inference.completions import chat_choice
 from inference.errors import InferenceError
+from inference.tool_calls import wire_tool_call
 
 STATE_VERSION = 1
+ORACLE_MODEL = "oracle"  # the model name of a ``teacher: oracle`` agent's replies in traces
 _IMAGE_KEYS = ("image_png_base64", "image")
 
 
@@ -76,6 +80,13 @@ class LLMAgentConfig(PluginConfig):
     timeout_s: float | None = Field(default=None, gt=0, description="Per attempt; default: service's.")
     system_prompt: str | None = Field(default=None, max_length=20_000, description="Replaces the env's.")
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    teacher: Literal["oracle"] | None = Field(
+        default=None,
+        description="'oracle': call no model; each reply is the environment's `oracle_action` (env "
+        "config oracle: true) written in this prompt format and traced as a call of model 'oracle'. "
+        "The traces are then this agent's own prompts answered by the scripted solver: `export-sft "
+        "--model oracle` turns them into SFT data that distils the solver into a model.",
+    )
 
     @field_validator("inference_url")
     @classmethod
@@ -155,6 +166,14 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             raise InvalidConfig(
                 f"policy {self.name!r} supports prompt_format {', '.join(map(repr, self.prompt_formats))}; "
                 f"got {self.prompt_format!r}"
+            )
+        if (
+            config.teacher == "oracle"
+            and self.prompt_format == "tool_calls"
+            and TEXT_ACTION_TOOL not in {t["function"]["name"] for t in self.tools()}
+        ):
+            raise InvalidConfig(
+                f"teacher 'oracle' needs a text action space ({self.name!r} has no 'act' tool)"
             )
         self.client: openai_client.InferenceClient | None = None  # injected, or from the shared pool
         self.history: deque[Turn] = deque(maxlen=config.history_window)
@@ -256,6 +275,8 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         }
         if dry_run:
             return PolicyDecision(tool_calls=[], meta={**meta, "inference_request": request, "dry_run": True})
+        if self.config.teacher == "oracle":
+            return self._oracle_step(observation, request, meta)
         if not self.model:
             try:
                 await self._discover_model()
@@ -282,6 +303,51 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
                 [], meta, llm_call=failed, error=f"inference_{exc.kind}", error_detail=str(exc)
             )
 
+        return self._decide(observation, call, meta)
+
+    def _oracle_step(
+        self, observation: dict[str, Any], request: dict[str, Any], meta: dict[str, Any]
+    ) -> PolicyDecision:
+        """The ``teacher: oracle`` reply: the env's scripted action as this format's answer."""
+        action = observation.get("oracle_action")
+        meta["model"] = ORACLE_MODEL
+        if action is None:
+            return PolicyDecision(
+                [],
+                meta,
+                error="no_oracle_action",
+                error_detail="the observation has no oracle_action: create the env with config "
+                "{'oracle': true} (the solver may also have given up on this task)",
+            )
+        self.turn_index += 1
+        self._pending = None
+        if self.prompt_format == "agentgym":
+            content, tool_calls = f"Action: {action}", []
+        else:
+            call = {
+                "id": f"call_{self.turn_index}",
+                "tool": TEXT_ACTION_TOOL,
+                "args": {"action": str(action)},
+            }
+            content, tool_calls = None, [wire_tool_call(call)]
+        response = {
+            "id": f"oracle-{self.turn_index}",
+            "object": "chat.completion",
+            "model": ORACLE_MODEL,
+            "choices": [chat_choice(0, content, tool_calls, "stop")],
+        }
+        call = LLMCall(
+            request={**request, "model": ORACLE_MODEL},
+            response=response,
+            latency_ms=0.0,
+            attempts=0,
+            model=ORACLE_MODEL,
+            finish_reason="stop",
+        )
+        return self._decide(observation, call, meta)
+
+    def _decide(self, observation: dict[str, Any], call: LLMCall, meta: dict[str, Any]) -> PolicyDecision:
+        """The decision a completed chat call makes: its reply parsed, the turn kept for history."""
         assert call.response is not None
         message = call.response["choices"][0].get("message") or {}
         meta.update(

@@ -17,6 +17,7 @@ replays them (minigrid is deterministic; about 0.1 ms a step).
 from __future__ import annotations
 
 import base64
+import copy
 import io
 from typing import Any
 
@@ -32,6 +33,7 @@ MAX_REPLAY_STEPS = 100_000
 NOT_RECOGNIZED = "The action is not recognized. Please check valid actions."
 NO_CHANGE = "No change in state."
 COMPLETED = "\n The task is completed."
+ORACLE_HORIZON = 64  # bot steps looked ahead to place a text action on its plan
 
 
 class BabyAIConfig(TextGameConfig):
@@ -158,8 +160,33 @@ class BabyAIEnv(TextGameEnv[BabyAIConfig]):
         except Exception:  # the bot gives up on a few levels (e.g. KeyInBox): no suggestion
             self._bot, self._suggestion = None, None
 
-    def _oracle_action(self) -> int | None:
-        return self._suggestion
+    def _oracle_action(self) -> str | int | None:
+        """The bot's next move in the agent's own action space (AgentGym's text actions): the
+        longest available action whose steps are exactly the bot's next ones ("go to red ball 1"
+        for a whole walk, "turn left" for one step), else the bot's next primitive's index.
+        Taking it plays exactly the bot's moves, so the bot's success rate stands."""
+        if self._bot is None or self._suggestion is None:
+            return None
+        assert self._view is not None
+        plan = self._bot_plan()
+        matches = [(len(s), t) for t, s in self._view.actions.items() if s and plan[: len(s)] == s]
+        return max(matches)[1] if matches else self._suggestion
+
+    def _bot_plan(self) -> list[int]:
+        """The bot's next steps, to the end of its plan or ``ORACLE_HORIZON`` steps."""
+        gym, bot = copy.deepcopy((self._gym, self._bot))
+        steps: list[int] = []
+        action = self._suggestion
+        while action is not None and len(steps) < ORACLE_HORIZON:
+            _, _, terminated, truncated, _ = gym.step(action)
+            steps.append(action)
+            if terminated or truncated:
+                break
+            try:
+                action = int(bot.replan(action))
+            except Exception:  # the bot gave up: its plan ends here
+                action = None
+        return steps
 
     # -- what callers see --------------------------------------------------------------------
 

@@ -221,9 +221,15 @@ def validate_example(example: dict[str, Any]) -> list[str]:
                 problems.append("content_not_string")
         elif not isinstance(content, str):
             problems.append("content_not_string")
+    # The reply trained on: a tool call when the model was offered tools, else its text (the
+    # agentgym format's "Action: ..." reply).
     last = messages[-1]
-    if not (isinstance(last, dict) and last.get("role") == "assistant" and last.get("tool_calls")):
+    if not (isinstance(last, dict) and last.get("role") == "assistant"):
+        problems.append("last_not_assistant")
+    elif example.get("tools") and not last.get("tool_calls"):
         problems.append("last_not_tool_call")
+    elif not last.get("tool_calls") and not str(last.get("content") or "").strip():
+        problems.append("last_reply_empty")
     tools = example.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         problems.append("bad_tools")
