@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envs.base import Policy, PolicyContext, PolicyDecision, StepResult, policy_class
+from envs.base import Policy, PolicyContext, PolicyDecision, StepOptions, StepResult, policy_class
 from grpo_service.errors import NotFound, Unprocessable
 from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_instance_id
 from grpo_service.snapshots import SnapshotService, decode_json_state
@@ -54,19 +54,11 @@ class PolicyManager:
         return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)
 
     async def step(
-        self,
-        handle: PolicyHandle,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
+        self, handle: PolicyHandle, observation: dict[str, Any], options: StepOptions
     ) -> PolicyDecision:
         async with handle.lock:
             self._check_open(handle)
-            decision = await handle.policy.step(
-                observation, dry_run=dry_run, record_logprobs=record_logprobs, timeout_s=timeout_s
-            )
+            decision = await handle.policy.step(observation, options)
             handle.touch()
         if decision.llm_call is not None:  # ids and logprobs stay in their own fields
             decision.llm_call.response = compact_response(decision.llm_call.response)

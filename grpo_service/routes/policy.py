@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
+from envs.base import StepOptions
 from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import Unprocessable, error_responses
@@ -61,13 +62,12 @@ async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepRespo
         if env.last is None:
             raise Unprocessable(f"env {env.id} has no observation yet", code="observation_required")
         observation = env.last.observation
-    decision = await services.policies.step(
-        handle,
-        observation,
+    options = StepOptions(
         dry_run=req.dry_run,
         record_logprobs=req.record_logprobs,
         timeout_s=services.settings.inference_timeout_s,
     )
+    decision = await services.policies.step(handle, observation, options)
     return PolicyStepResponse(
         tool_calls=decision.tool_calls,
         meta=decision.meta,

@@ -70,9 +70,11 @@ def environment_corpus(seeds: int = 3, steps: int = 12, env_names: list[str] | N
 def _policy_text(policy_cls: Any, observation: dict[str, Any], context: Any) -> Iterator[str]:
     import asyncio
 
+    from envs.base import DRY_RUN
+
     try:
         policy = policy_cls.create({}, context)
-        decision = asyncio.run(policy.step(observation, dry_run=True))
+        decision = asyncio.run(policy.step(observation, DRY_RUN))
     except Exception:
         return
     request = decision.meta.get("inference_request") or {}
