@@ -97,9 +97,8 @@ JobId = Annotated[str, Path(max_length=64, description="A job id from POST /trai
 ModelNamePath = Annotated[str, Path(max_length=128, description="A saved model's name.")]
 
 
-class TrainingUnavailable(ServiceError):
-    status_code = 503
-    code = "training_unavailable"
+class TrainingUnavailable(ServiceError, status=503, code="training_unavailable"):
+    """Training needs the ``train`` extra, which is not installed here."""
 
 
 def _training(services: ServicesDep) -> TrainingService:
