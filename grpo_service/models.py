@@ -377,10 +377,7 @@ class PolicyRestoreRequest(Request):
     bound_env_id: Id | None = Field(default=None, description="Bind the new policy to this env.")
 
 
-class PolicyRestoreResponse(BaseModel):
-    policy_id: str = Field(description="The new policy's id.")
-    policy_name: str = Field(description="Its plug-in.")
-    bound_env_id: str | None = Field(default=None, description="The env it reads by default.")
+class PolicyRestoreResponse(PolicyCreateResponse):
     parent_snapshot_id: str = Field(description="The snapshot it was restored from.")
     parent_policy_id: str | None = Field(default=None, description="The policy that snapshot was taken of.")
 
@@ -781,14 +778,19 @@ class RunMemberStatus(BaseModel):
     ops_total: int = Field(description="Ops the member was asked for.")
 
 
-class RunStatusResponse(BaseModel):
-    run_id: str = Field(description="The run.")
+class RunProgress(BaseModel):
+    """Where a run stands: what /run/status and /run/list both show."""
+
+    run_id: str = Field(description="The id for /run/status/{run_id} and /run/abort.")
     kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
     status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
     started_at: float = Field(description="Unix time it started.")
     finished_at: float | None = Field(description="Unix time it finished; null while running.")
     ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
     ops_total: int = Field(description="Ops requested (a group: summed over its members).")
+
+
+class RunStatusResponse(RunProgress):
     timings: dict[str, float] = Field(description="`llm_s`, `env_s` so far (a group: summed).")
     error: str | None = Field(default=None, description="Why it failed, if it did.")
     members: list[RunMemberStatus] | None = Field(
@@ -841,16 +843,9 @@ class PolicyList(PageInfo):
     policies: list[PolicySummary] = Field(description="Oldest first.")
 
 
-class RunSummary(BaseModel):
-    run_id: str = Field(description="The id for /run/status/{run_id} and /run/abort.")
-    kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
-    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+class RunSummary(RunProgress):
     rl_run_id: str = Field(description="The owner: the request's `rl_run_id`.")
-    started_at: float = Field(description="Unix time it started.")
     age_s: float = Field(description="Seconds since it started.")
-    finished_at: float | None = Field(description="Unix time it finished; null while running.")
-    ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
-    ops_total: int = Field(description="Ops requested (a group: summed over its members).")
 
 
 class RunList(PageInfo):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends
 
 from grpo_service.auth import require_api_key
@@ -44,16 +46,25 @@ def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:
     )
 
 
+def env_state(handle: EnvHandle) -> dict[str, Any]:
+    """The `EnvState` fields of a live env: its id and where its episode stands."""
+    last = handle.last
+    assert last is not None  # an env has an observation from its creation on
+    return {
+        "env_id": handle.id,
+        "observation": last.observation,
+        "info": last.info,
+        "step_idx": last.step_idx,
+        "done": last.done,
+    }
+
+
 @router.post("/create", response_model=EnvCreateResponse, responses=error_responses(400, 413, 422, 429))
 async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateResponse:
     """Create an environment and start its first episode."""
     handle = await services.envs.create(req.env_name, req.config, req.seed, req.rl_run_id)
     handle.parent_env_id = req.parent_env_id
-    last = handle.last
-    assert last is not None
-    return EnvCreateResponse(
-        env_id=handle.id, observation=last.observation, info=last.info, step_idx=last.step_idx
-    )
+    return EnvCreateResponse(**env_state(handle))
 
 
 @router.post(
@@ -100,16 +111,8 @@ async def snapshot(req: EnvSnapshotRequest, services: ServicesDep) -> SnapshotRe
 async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreResponse:
     """A new env that continues exactly where the snapshot was taken."""
     handle = await services.envs.restore(req.snapshot_id, req.rl_run_id)
-    last = handle.last
-    assert last is not None
     return EnvRestoreResponse(
-        env_id=handle.id,
-        observation=last.observation,
-        info=last.info,
-        step_idx=last.step_idx,
-        done=last.done,
-        parent_snapshot_id=req.snapshot_id,
-        parent_env_id=handle.parent_env_id,
+        **env_state(handle), parent_snapshot_id=req.snapshot_id, parent_env_id=handle.parent_env_id
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Depends
 
 from envs.base import StepOptions
@@ -33,6 +35,11 @@ router = APIRouter(
 )
 
 
+def policy_fields(handle: PolicyHandle) -> dict[str, Any]:
+    """What every policy response shows of a live policy."""
+    return {"policy_id": handle.id, "policy_name": handle.policy_name, "bound_env_id": handle.bound_env_id}
+
+
 @router.post(
     "/create", response_model=PolicyCreateResponse, responses=error_responses(400, 404, 413, 421, 422, 429)
 )
@@ -41,9 +48,7 @@ async def create(req: PolicyCreateRequest, services: ServicesDep) -> PolicyCreat
     handle = await services.policies.create(
         req.policy_name, req.config, req.rl_run_id, req.bound_env_id, req.parent_policy_id
     )
-    return PolicyCreateResponse(
-        policy_id=handle.id, policy_name=handle.policy_name, bound_env_id=handle.bound_env_id
-    )
+    return PolicyCreateResponse(**policy_fields(handle))
 
 
 @router.post(
@@ -92,11 +97,7 @@ async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRes
     """A new policy with the snapshot's state, optionally bound to ``bound_env_id``."""
     handle = await services.policies.restore(req.snapshot_id, req.rl_run_id, req.bound_env_id)
     return PolicyRestoreResponse(
-        policy_id=handle.id,
-        policy_name=handle.policy_name,
-        bound_env_id=handle.bound_env_id,
-        parent_snapshot_id=req.snapshot_id,
-        parent_policy_id=handle.parent_policy_id,
+        **policy_fields(handle), parent_snapshot_id=req.snapshot_id, parent_policy_id=handle.parent_policy_id
     )
 
 
@@ -107,12 +108,7 @@ async def terminate(req: PolicyTerminateRequest, services: ServicesDep) -> Termi
 
 
 def policy_summary(handle: PolicyHandle) -> PolicySummary:
-    return PolicySummary(
-        policy_id=handle.id,
-        policy_name=handle.policy_name,
-        bound_env_id=handle.bound_env_id,
-        **live_object_fields(handle),
-    )
+    return PolicySummary(**policy_fields(handle), **live_object_fields(handle))
 
 
 @router.get("/list", response_model=PolicyList, responses=error_responses(422))

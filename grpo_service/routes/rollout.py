@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path
 
@@ -106,13 +106,7 @@ async def run_status(
     members = run.member_runs
     ops, llm_s, env_s = _progress(run, members)
     return RunStatusResponse(
-        run_id=run.id,
-        kind=run.kind,
-        status=run.status,
-        started_at=run.started_at,
-        finished_at=run.finished_at,
-        ops_executed=ops,
-        ops_total=run.ops_total,
+        **_run_progress(run, ops),
         timings={"llm_s": round(llm_s, 6), "env_s": round(env_s, 6)},
         error=run.error,
         members=None
@@ -142,17 +136,24 @@ def _progress(run: RunHandle, members: list[RunHandle]) -> tuple[int, float, flo
     return run.ops_executed, run.llm_s, run.env_s
 
 
+def _run_progress(run: RunHandle, ops_executed: int) -> dict[str, Any]:
+    """The `RunProgress` fields of a run."""
+    return {
+        "run_id": run.id,
+        "kind": run.kind,
+        "status": run.status,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "ops_executed": ops_executed,
+        "ops_total": run.ops_total,
+    }
+
+
 def run_summary(run: RunHandle, ops_executed: int) -> RunSummary:
     return RunSummary(
-        run_id=run.id,
-        kind=run.kind,
-        status=run.status,
+        **_run_progress(run, ops_executed),
         rl_run_id=run.rl_run_id,
-        started_at=run.started_at,
         age_s=round(time.time() - run.started_at, 3),
-        finished_at=run.finished_at,
-        ops_executed=ops_executed,
-        ops_total=run.ops_total,
     )
 
 
