@@ -264,13 +264,15 @@ class SnapshotResponse(BaseModel):
     parent_snapshot_id: str | None = Field(default=None, description="The snapshot it descends from.")
 
 
-class EnvRestoreRequest(Request):
+class RestoreRequest(Request):
+    snapshot_id: Id = Field(description="The snapshot to restore (its kind must match the route's).")
+    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
+
+
+class EnvRestoreRequest(RestoreRequest):
     """A new env that continues exactly where the snapshot was taken."""
 
     model_config = _examples({"snapshot_id": ENV_SNAPSHOT_ID})
-
-    snapshot_id: Id = Field(description="An env snapshot's id.")
-    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
 
 
 class EnvRestoreResponse(EnvState):
@@ -367,13 +369,11 @@ class PolicySnapshotRequest(SnapshotRequest):
     policy_id: Id = Field(description="The policy to save.")
 
 
-class PolicyRestoreRequest(Request):
+class PolicyRestoreRequest(RestoreRequest):
     """A new policy with the snapshot's state."""
 
     model_config = _examples({"snapshot_id": POLICY_SNAPSHOT_ID})
 
-    snapshot_id: Id = Field(description="A policy snapshot's id.")
-    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
     bound_env_id: Id | None = Field(default=None, description="Bind the new policy to this env.")
 
 
