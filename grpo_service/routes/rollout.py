@@ -33,6 +33,10 @@ from grpo_service.registry import RunHandle
 router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
 
 
+# A start-then-poll route answers at once: 202 and where to poll.
+STARTED: dict[str, Any] = {"response_model": RunStarted, "status_code": 202}
+
+
 def _started(run: RunHandle) -> RunStarted:
     return RunStarted(run_id=run.id, status="running", status_url=f"/run/status/{run.id}")
 
@@ -45,12 +49,7 @@ async def rollout(req: RolloutRequest, services: ServicesDep) -> RolloutResponse
     return await services.coordinator.rollout(req)
 
 
-@router.post(
-    "/rollout/start",
-    response_model=RunStarted,
-    status_code=202,
-    responses=error_responses(400, 404, 409, 413, 421, 422, 429),
-)
+@router.post("/rollout/start", **STARTED, responses=error_responses(400, 404, 409, 413, 421, 422, 429))
 async def rollout_start(req: RolloutRequest, services: ServicesDep) -> RunStarted:
     """Start a rollout in the background; poll ``/run/status/{run_id}`` for its result."""
     return _started(services.coordinator.start_rollout(req))
@@ -66,12 +65,7 @@ async def rollout_group(req: RolloutGroupRequest, services: ServicesDep) -> Roll
     return await services.coordinator.group(req)
 
 
-@router.post(
-    "/rollout/group/start",
-    response_model=RunStarted,
-    status_code=202,
-    responses=error_responses(400, 404, 409, 413, 422, 429),
-)
+@router.post("/rollout/group/start", **STARTED, responses=error_responses(400, 404, 409, 413, 422, 429))
 async def rollout_group_start(req: RolloutGroupRequest, services: ServicesDep) -> RunStarted:
     """Start a group in the background; poll ``/run/status/{group_id}``."""
     return _started(services.coordinator.start_group(req))
