@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import crafter.constants
@@ -23,18 +23,6 @@ from tools.fake_server import FakeConfig, FakeInferenceServer
 
 SECRET = "sk-policy-secret-0123456789abcdef"
 OBS = {"text": "Step 0/10000. Health 9/9. Facing down: grass.", "status": {"health": 9}}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeInferenceServer]:
-    with FakeInferenceServer(FakeConfig()) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def _reset(fake: FakeInferenceServer) -> None:
-    fake.set_config(FakeConfig())
-    fake.state.reset_stats()
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,9 @@ MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user",
 REQUEST: dict[str, Any] = {"model": "fake-model", "messages": MESSAGES, "tools": [TOOL_SCHEMA]}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeInferenceServer]:
-    with FakeInferenceServer(FakeConfig()) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def _reset(server: FakeInferenceServer) -> None:
-    server.set_config(FakeConfig())
-    server.state.reset_stats()
+@pytest.fixture
+def server(fake: FakeInferenceServer) -> FakeInferenceServer:
+    return fake
 
 
 @pytest.fixture
