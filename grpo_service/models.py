@@ -158,15 +158,18 @@ SYNTH_COMPAT_HELP = "Accepted and ignored, so that Synth's task-app clients (whi
 RL_RUN_ID_HELP = "Owner of the objects this creates: groups their snapshots on disk and filters listings."
 
 
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    """A request model's examples: the first is the body Swagger UI's "Try it out" starts from."""
-    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+def request_config(*examples: dict[str, Any], strict: bool = False) -> ConfigDict:
+    """A request model's config: unknown fields refused (``strict``: no type coercion either) and
+    its examples, the first being the body Swagger UI's "Try it out" starts from."""
+    return ConfigDict(extra="forbid", strict=strict, json_schema_extra={"examples": list(examples)})
 
 
 class EnvCreateRequest(Request):
     """Create an environment; its first episode starts at once."""
 
-    model_config = _examples({"env_name": "crafter", "config": {}, "seed": 42, "rl_run_id": "test-run-1"})
+    model_config = request_config(
+        {"env_name": "crafter", "config": {}, "seed": 42, "rl_run_id": "test-run-1"}
+    )
 
     env_name: Name = Field(description="An environment plug-in from GET /info, e.g. `crafter`.")
     config: ConfigDict_
@@ -190,7 +193,7 @@ class EnvCreateResponse(EnvState):
 class EnvResetRequest(Request):
     """Start a new episode."""
 
-    model_config = _examples({"env_id": ENV_ID, "seed": 7})
+    model_config = request_config({"env_id": ENV_ID, "seed": 7})
 
     env_id: Id = Field(description="The env to reset.")
     seed: Seed | None = Field(default=None, description="The new episode's world seed (default: the env's).")
@@ -203,7 +206,7 @@ class EnvResetResponse(EnvState):
 class EnvStepRequest(Request):
     """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
 
-    model_config = _examples(
+    model_config = request_config(
         {"env_id": ENV_ID, "actions": ["move_left", "do"]},
         {"env_id": ENV_ID, "action": "do"},
         {
@@ -249,7 +252,7 @@ class SnapshotRequest(Request):
 class EnvSnapshotRequest(SnapshotRequest):
     """Save an env's full live state as a signed tarball."""
 
-    model_config = _examples({"env_id": ENV_ID})
+    model_config = request_config({"env_id": ENV_ID})
 
     env_id: Id = Field(description="The env to save.")
 
@@ -272,7 +275,7 @@ class RestoreRequest(Request):
 class EnvRestoreRequest(RestoreRequest):
     """A new env that continues exactly where the snapshot was taken."""
 
-    model_config = _examples({"snapshot_id": ENV_SNAPSHOT_ID})
+    model_config = request_config({"snapshot_id": ENV_SNAPSHOT_ID})
 
 
 class EnvRestoreResponse(EnvState):
@@ -283,7 +286,7 @@ class EnvRestoreResponse(EnvState):
 class EnvTerminateRequest(Request):
     """Release an env. Idempotent."""
 
-    model_config = _examples({"env_id": ENV_ID})
+    model_config = request_config({"env_id": ENV_ID})
 
     env_id: Id = Field(description="The env to release.")
 
@@ -299,7 +302,7 @@ class TerminateResponse(BaseModel):
 class PolicyCreateRequest(Request):
     """Create a policy: an LLM agent (``crafter-react``) or a scripted one."""
 
-    model_config = _examples(
+    model_config = request_config(
         {"policy_name": "crafter-react", "config": {"temperature": 0.7}, "rl_run_id": "test-run-1"},
         {"policy_name": "crafter-heuristic", "config": {}, "bound_env_id": ENV_ID},
     )
@@ -322,7 +325,7 @@ class PolicyCreateResponse(BaseModel):
 class PolicyStepRequest(Request):
     """Decide on tool calls for an observation."""
 
-    model_config = _examples({"policy_id": POLICY_ID, "dry_run": True})
+    model_config = request_config({"policy_id": POLICY_ID, "dry_run": True})
 
     policy_id: Id = Field(description="The policy to ask.")
     observation: dict[str, Any] | None = Field(
@@ -364,7 +367,7 @@ class PolicyStepResponse(BaseModel):
 class PolicySnapshotRequest(SnapshotRequest):
     """Save a policy's state (config, history window, turn index)."""
 
-    model_config = _examples({"policy_id": POLICY_ID})
+    model_config = request_config({"policy_id": POLICY_ID})
 
     policy_id: Id = Field(description="The policy to save.")
 
@@ -372,7 +375,7 @@ class PolicySnapshotRequest(SnapshotRequest):
 class PolicyRestoreRequest(RestoreRequest):
     """A new policy with the snapshot's state."""
 
-    model_config = _examples({"snapshot_id": POLICY_SNAPSHOT_ID})
+    model_config = request_config({"snapshot_id": POLICY_SNAPSHOT_ID})
 
     bound_env_id: Id | None = Field(default=None, description="Bind the new policy to this env.")
 
@@ -385,7 +388,7 @@ class PolicyRestoreResponse(PolicyCreateResponse):
 class PolicyTerminateRequest(Request):
     """Release a policy. Idempotent."""
 
-    model_config = _examples({"policy_id": POLICY_ID})
+    model_config = request_config({"policy_id": POLICY_ID})
 
     policy_id: Id = Field(description="The policy to release.")
 
@@ -398,7 +401,7 @@ Op = Literal["agent", "env"]
 class RolloutEnvSpec(Request):
     """An existing ``env_id``, an ``env_name`` (+ ``config``, ``seed``), or a ``snapshot_id``."""
 
-    model_config = _examples({"env_name": "crafter", "seed": 42}, {"snapshot_id": ENV_SNAPSHOT_ID})
+    model_config = request_config({"env_name": "crafter", "seed": 42}, {"snapshot_id": ENV_SNAPSHOT_ID})
 
     env_id: Id | None = Field(default=None, description="Play this live env (not for groups).")
     env_name: Name | None = Field(default=None, description="Create an env of this plug-in.")
@@ -417,7 +420,7 @@ class RolloutEnvSpec(Request):
 class RolloutPolicySpec(Request):
     """An existing ``policy_id``, or a ``policy_name`` (+ ``config``)."""
 
-    model_config = _examples({"policy_name": "crafter-react", "config": {"temperature": 1.0}})
+    model_config = request_config({"policy_name": "crafter-react", "config": {"temperature": 1.0}})
 
     policy_id: Id | None = Field(default=None, description="Use this live policy (not for groups).")
     policy_name: Name | None = Field(default=None, description="Create a policy of this plug-in.")
@@ -433,7 +436,7 @@ class RolloutPolicySpec(Request):
 class RolloutRecordConfig(Request):
     """What the response (and the trace) keeps of each step."""
 
-    model_config = _examples({"logprobs": True})
+    model_config = request_config({"logprobs": True})
 
     trajectories: bool = Field(default=True, description="Return the per-step trajectories.")
     logprobs: bool | None = Field(
@@ -453,7 +456,7 @@ class RolloutRecordConfig(Request):
 class RolloutSafetyConfig(Request):
     """Bounds on a rollout: it stops (keeping what it played) when one is reached."""
 
-    model_config = _examples({"max_time_s": 600})
+    model_config = request_config({"max_time_s": 600})
 
     max_ops: int | None = Field(
         default=None,
@@ -470,7 +473,7 @@ class RolloutRequest(Request):
     """Play a policy in an environment: ``ops`` of ``agent`` (decide) and ``env`` (execute), or
     ``max_turns`` decisions."""
 
-    model_config = _examples(
+    model_config = request_config(
         {
             "env": {"env_name": "crafter", "seed": 42},
             "policy": {"policy_name": "crafter-heuristic"},
@@ -629,7 +632,7 @@ class RolloutResponse(BaseModel):
 class RolloutGroupRequest(Request):
     """G rollouts from the same start, each with its own policy instance and sampling."""
 
-    model_config = _examples(
+    model_config = request_config(
         {
             "group_size": 4,
             "env": {"env_name": "crafter", "seed": 123},
@@ -719,7 +722,7 @@ class RunStarted(BaseModel):
 class BranchRequest(Request):
     """Fork live envs and policies into exact copies."""
 
-    model_config = _examples({"env_ids": [ENV_ID], "num_children": 2})
+    model_config = request_config({"env_ids": [ENV_ID], "num_children": 2})
 
     env_ids: list[Id] = Field(default_factory=list, max_length=64, description="Envs to fork.")
     policy_ids: list[Id] = Field(default_factory=list, max_length=64, description="Policies to fork.")
@@ -759,7 +762,7 @@ class BranchResponse(BaseModel):
 class RunAbortRequest(Request):
     """Stop a running rollout or group now; partial trajectories are kept."""
 
-    model_config = _examples({"run_id": RUN_ID})
+    model_config = request_config({"run_id": RUN_ID})
 
     run_id: Id = Field(description="A rollout's or a group's id.")
 
@@ -858,21 +861,15 @@ class RunList(PageInfo):
 class BatchRolloutsRequest(Request):
     """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
 
-    # `true` is not a temperature, "5" no count
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "env": "textcraft",
-                    "model": "<a model your server serves, e.g. Qwen/Qwen3-1.7B>",
-                    "base_url": "<base_url of your OpenAI-compatible server, e.g. http://127.0.0.1:8001>",
-                    "ids": [0, 1],
-                    "max_round": 5,
-                }
-            ]
+    model_config = request_config(  # strict: `true` is not a temperature, "5" no count
+        {
+            "env": "textcraft",
+            "model": "<a model your server serves, e.g. Qwen/Qwen3-1.7B>",
+            "base_url": "<base_url of your OpenAI-compatible server, e.g. http://127.0.0.1:8001>",
+            "ids": [0, 1],
+            "max_round": 5,
         },
+        strict=True,
     )
 
     env: Name = Field(examples=["textcraft"], description="An environment with an LLM agent (see /info).")
