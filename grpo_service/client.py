@@ -175,8 +175,8 @@ class _Try:
 @dataclass(frozen=True)
 class ServiceRequest:
     """One call to the service, apart from the transport that sends it (the sync and async
-    clients share it, as httpx's clients share their request building): what to send, and how
-    its tries go (`tries`, then `outcome`)."""
+    clients share it, as httpx's clients share their request building): what to send, and its
+    tries (`tries`; the last try's `outcome` is the answer)."""
 
     method: str
     url: str
