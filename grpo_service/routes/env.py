@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
-
-from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     EnvCreateRequest,
     EnvCreateResponse,
@@ -28,10 +24,9 @@ from grpo_service.models import (
 )
 from grpo_service.paging import PageDep, live_object_fields, paginate
 from grpo_service.registry import EnvHandle, SnapshotMeta
+from grpo_service.routes import service_router
 
-router = APIRouter(
-    prefix="/env", tags=["env"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
-)
+router = service_router("env", prefix="/env")
 
 
 def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends
-
 from envs.base import StepOptions
-from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import Unprocessable, error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     PolicyCreateRequest,
     PolicyCreateResponse,
@@ -28,11 +24,10 @@ from grpo_service.models import (
 from grpo_service.paging import PageDep, live_object_fields, paginate
 from grpo_service.registry import PolicyHandle
 from grpo_service.rollout import llm_record
+from grpo_service.routes import service_router
 from grpo_service.routes.env import snapshot_response
 
-router = APIRouter(
-    prefix="/policy", tags=["policy"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
-)
+router = service_router("policy", prefix="/policy")
 
 
 def policy_fields(handle: PolicyHandle) -> dict[str, Any]:

@@ -5,13 +5,11 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import Path
 
-from grpo_service.auth import require_api_key
 from grpo_service.branching import branch as branch_envs
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     BranchRequest,
     BranchResponse,
@@ -29,8 +27,9 @@ from grpo_service.models import (
 )
 from grpo_service.paging import PageDep, paginate
 from grpo_service.registry import RunHandle
+from grpo_service.routes import service_router
 
-router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
+router = service_router("rollout")
 
 
 # A start-then-poll route answers at once: 202 and where to poll.
