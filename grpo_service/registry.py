@@ -122,7 +122,7 @@ class RunHandle(Handle):
 
 @dataclass(eq=False)
 class SnapshotMeta:
-    id: str
+    snapshot_id: str
     kind: Literal["env", "policy"]
     rl_run_id: str
     path: str

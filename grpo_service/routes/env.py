@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from grpo_service.deps import ServicesDep
@@ -30,15 +31,7 @@ router = service_router("env", prefix="/env")
 
 
 def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:
-    return SnapshotResponse(
-        snapshot_id=meta.id,
-        kind=meta.kind,
-        path=meta.path,
-        rl_run_id=meta.rl_run_id,
-        size=meta.size,
-        created_at=meta.created_at,
-        parent_snapshot_id=meta.parent_snapshot_id,
-    )
+    return SnapshotResponse.model_validate(meta, from_attributes=True)
 
 
 def env_state(handle: EnvHandle) -> dict[str, Any]:
@@ -81,15 +74,7 @@ async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
     else:
         actions = req.actions if req.actions is not None else [req.action]
         result = await services.envs.step(req.env_id, actions=actions)  # type: ignore[arg-type]
-    return EnvStepResponse(
-        env_id=req.env_id,
-        observation=result.observation,
-        reward=result.reward,
-        done=result.done,
-        truncated=result.truncated,
-        info=result.info,
-        step_idx=result.step_idx,
-    )
+    return EnvStepResponse(env_id=req.env_id, **asdict(result))
 
 
 @router.post(
