@@ -469,7 +469,38 @@ class RolloutSafetyConfig(Request):
     llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
 
 
-class RolloutRequest(Request):
+class RolloutPlan(Request):
+    """What a rollout plays and keeps: the fields /rollout and /rollout/group share (a group passes
+    them on to each of its members)."""
+
+    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
+    max_turns: int | None = Field(
+        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N (per member)."
+    )
+    on_done: Literal["reset", "terminate"] = Field(
+        default="reset", description="At the end of an episode: start the next one, or stop."
+    )
+    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
+    safety: RolloutSafetyConfig = Field(
+        default_factory=RolloutSafetyConfig, description="Bounds (a group: of each member)."
+    )
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    mode: Literal["rl", "eval"] = Field(
+        default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
+    )
+
+    @model_validator(mode="after")
+    def _ops(self) -> RolloutPlan:
+        # Checked here, not when a rollout starts: a bad sequence is the caller's 422, not a 500.
+        check_ops(self.ops, self.max_turns, self.safety.max_ops)
+        return self
+
+    def plan(self) -> dict[str, Any]:
+        """This request's `RolloutPlan` fields, to pass on to the rollouts it starts."""
+        return {name: getattr(self, name) for name in RolloutPlan.model_fields}
+
+
+class RolloutRequest(RolloutPlan):
     """Play a policy in an environment: ``ops`` of ``agent`` (decide) and ``env`` (execute), or
     ``max_turns`` decisions."""
 
@@ -493,19 +524,6 @@ class RolloutRequest(Request):
     run_id: RunId | None = Field(default=None, description="Generated when omitted; must be unique.")
     env: RolloutEnvSpec = Field(description="Where to play.")
     policy: RolloutPolicySpec = Field(description="Who plays.")
-    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
-    max_turns: int | None = Field(
-        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N."
-    )
-    on_done: Literal["reset", "terminate"] = Field(
-        default="reset", description="At the end of an episode: start the next one, or stop."
-    )
-    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
-    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig, description="Bounds.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
-    mode: Literal["rl", "eval"] = Field(
-        default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
-    )
     training_session_id: str | None = Field(
         default=None,
         max_length=256,
@@ -516,11 +534,6 @@ class RolloutRequest(Request):
         max_length=2048,
         description=SYNTH_COMPAT_HELP,
     )
-
-    @model_validator(mode="after")
-    def _ops(self) -> RolloutRequest:
-        check_ops(self.ops, self.max_turns, self.safety.max_ops)
-        return self
 
     def op_list(self) -> list[str]:
         return list(self.ops) if self.ops is not None else ["agent", "env"] * (self.max_turns or 0)
@@ -629,7 +642,7 @@ class RolloutResponse(BaseModel):
     )
 
 
-class RolloutGroupRequest(Request):
+class RolloutGroupRequest(RolloutPlan):
     """G rollouts from the same start, each with its own policy instance and sampling."""
 
     model_config = request_config(
@@ -655,23 +668,15 @@ class RolloutGroupRequest(Request):
     group_size: int = Field(ge=1, le=1024, description="G: rollouts in the group.")
     env: RolloutEnvSpec = Field(description="The common start: `env_name` + `seed`, or `snapshot_id`.")
     policy: RolloutPolicySpec = Field(description="`policy_name` + `config`: each member gets its own.")
-    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
-    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS, description="Decisions per member.")
     on_done: Literal["reset", "terminate"] = Field(
         default="terminate", description="At the end of an episode: start the next one, or stop."
     )
-    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
-    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig, description="Bounds per member.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
-    mode: Literal["rl", "eval"] = Field(default="rl", description="Recorded in the trace.")
     vary_policy_seed: bool = Field(
         default=True, description="Give member i the policy config seed + i (when the policy has a seed)."
     )
 
     @model_validator(mode="after")
     def _sources(self) -> RolloutGroupRequest:
-        # Checked here, not when the members are built: a bad sequence is the caller's 422, not a 500.
-        check_ops(self.ops, self.max_turns, self.safety.max_ops)
         if self.env.env_id is not None:
             raise ValueError(
                 "env: a group starts from 'env_name' (+ seed) or 'snapshot_id', not a live env_id"
