@@ -6,7 +6,8 @@ registries at the bottom of this module, so adding one never touches the HTTP la
 write a class, decorate it with ``@register_environment`` / ``@register_policy``, and import
 its module from ``envs/__init__.py``.
 
-Nothing here imports FastAPI. Errors are plain exceptions; the service maps them to 4xx.
+Nothing here imports FastAPI. Their errors are plain exceptions (`envs/errors.py`); the service maps
+them to 4xx.
 """
 
 from __future__ import annotations
@@ -18,41 +19,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from envs.errors import InvalidConfig, InvalidState, UnknownPlugin, validation_problems
 from inference.calls import LLMCall
-
-# --------------------------------------------------------------------------------------------
-# Errors (the service turns each into a clear 4xx)
-# --------------------------------------------------------------------------------------------
-
-
-class PluginError(Exception):
-    """Base class of errors caused by the caller's input to a plug-in."""
-
-
-class InvalidAction(PluginError):
-    """An action (or tool call) the environment does not understand. No step was taken."""
-
-
-class InvalidConfig(PluginError):
-    """A config the environment or policy rejects."""
-
-
-class InvalidState(PluginError):
-    """A serialized state that cannot be restored (wrong version, corrupt, foreign)."""
-
-
-class EpisodeOver(PluginError):
-    """A step was asked of an environment whose episode has ended; reset it first."""
-
-
-class UnknownPlugin(PluginError):
-    """No environment or policy is registered under that name."""
-
-
-class EnvBusy(PluginError):
-    """A shared resource the environment needs (e.g. a simulator process) stayed busy past its
-    deadline; retrying later can succeed."""
-
 
 # --------------------------------------------------------------------------------------------
 # Environments
@@ -108,11 +76,6 @@ class EpisodeOutcome:
     achievements: tuple[str, ...] = ()
     turns: int = 0
     steps: int = 0
-
-
-def validation_problems(exc: ValidationError) -> str:
-    """A validation error's locations and messages, never its input values (they could hold secrets)."""
-    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False))
 
 
 def parse_config(model: type[PluginConfig], config: dict[str, Any] | None, what: str) -> PluginConfig:

@@ -12,14 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from envs.base import (
-    PluginConfig,
-    Policy,
-    PolicyContext,
-    PolicyDecision,
-    StepOptions,
-    register_policy,
-)
+from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, register_policy
 from envs.text_game import TOOL_NAME
 
 

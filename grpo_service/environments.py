@@ -15,7 +15,8 @@ from typing import Any, TypeVar
 
 import anyio
 
-from envs.base import Environment, InvalidAction, StepResult, environment_class
+from envs.base import Environment, StepResult, environment_class
+from envs.errors import InvalidAction
 from grpo_service.live_objects import LiveObjects
 from grpo_service.registry import EnvHandle, Registry, new_instance_id
 from grpo_service.snapshots import SnapshotService

@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Send
 
-from envs.base import (
+from envs.errors import (
     EnvBusy,
     EpisodeOver,
     InvalidAction,

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from envs.base import InvalidState
+from envs.errors import InvalidState
 from grpo_service.config import Settings
 from grpo_service.errors import NotFound, Unprocessable
 from grpo_service.registry import Registry, SnapshotMeta, new_id

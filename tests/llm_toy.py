@@ -18,7 +18,6 @@ from envs.base import (
     ENVIRONMENTS,
     POLICIES,
     Environment,
-    EpisodeOver,
     PluginConfig,
     Policy,
     PolicyContext,
@@ -26,6 +25,7 @@ from envs.base import (
     StepOptions,
     StepResult,
 )
+from envs.errors import EpisodeOver
 from inference import openai_client
 from inference.errors import InferenceError
 

@@ -16,16 +16,8 @@ from envs.agent import (
     text_action_tool,
     text_actions,
 )
-from envs.base import (
-    DRY_RUN,
-    InvalidAction,
-    InvalidConfig,
-    InvalidState,
-    PluginConfig,
-    PolicyContext,
-    StepOptions,
-    StepResult,
-)
+from envs.base import DRY_RUN, PluginConfig, PolicyContext, StepOptions, StepResult
+from envs.errors import InvalidAction, InvalidConfig, InvalidState
 from inference import InferenceClient
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.toy_tokenizer import token_id, tokenize

@@ -10,14 +10,10 @@ from typing import Any
 import crafter.constants
 import pytest
 
-from envs.base import DRY_RUN, InvalidConfig, InvalidState, PolicyContext, StepOptions, StepResult
+from envs.base import DRY_RUN, PolicyContext, StepOptions, StepResult
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, TOOL_NAME
-from envs.crafter.policy import (
-    MAKE_COSTS,
-    PLACE_COSTS,
-    CrafterReActPolicy,
-    system_prompt,
-)
+from envs.crafter.policy import MAKE_COSTS, PLACE_COSTS, CrafterReActPolicy, system_prompt
+from envs.errors import InvalidConfig, InvalidState
 from inference import InferenceClient, shared_pool
 from tools.fake_server import FakeConfig, FakeInferenceServer
 

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from envs.base import DRY_RUN, InvalidState, PolicyContext
+from envs.base import DRY_RUN, PolicyContext
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, TOOL_NAME
 from envs.crafter.baselines import CrafterHeuristicPolicy, CrafterRandomPolicy
 from envs.crafter.env import CrafterEnv
+from envs.errors import InvalidState
 
 CTX = PolicyContext()
 ITEMS = ("sapling", "wood", "stone", "coal", "iron", "diamond")

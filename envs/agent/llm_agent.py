@@ -27,23 +27,9 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from envs.agent.formats import (
-    AgentGymFormat,
-    ParsedReply,
-    PromptFormatName,
-    ToolCallFormat,
-    Turn,
-)
-from envs.base import (
-    InvalidConfig,
-    InvalidState,
-    PluginConfig,
-    Policy,
-    PolicyContext,
-    PolicyDecision,
-    StepOptions,
-    StepResult,
-)
+from envs.agent.formats import AgentGymFormat, ParsedReply, PromptFormatName, ToolCallFormat, Turn
+from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, StepResult
+from envs.errors import InvalidConfig, InvalidState
 from inference import openai_client
 from inference.calls import LLMCall
 from inference.errors import InferenceError

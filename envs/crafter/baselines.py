@@ -17,17 +17,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from envs.base import (
-    InvalidState,
-    PluginConfig,
-    Policy,
-    PolicyContext,
-    PolicyDecision,
-    StepOptions,
-    register_policy,
-    validation_problems,
-)
+from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, register_policy
 from envs.crafter.actions import ACTIONS, MAX_ACTIONS_PER_CALL, TOOL_NAME
+from envs.errors import InvalidState, validation_problems
 
 STATE_VERSION = 1
 

@@ -15,7 +15,8 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from envs.base import PluginError, StepOptions, StepResult
+from envs.base import StepOptions, StepResult
+from envs.errors import PluginError
 from grpo_service.environments import EnvManager
 from grpo_service.errors import Conflict, NotFound, ServiceError
 from grpo_service.models import RolloutRequest

@@ -30,7 +30,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from envs.base import PluginError, StepResult
+from envs.base import StepResult
+from envs.errors import PluginError
 from grpo_service.auth import require_api_key
 from grpo_service.deps import Services
 from grpo_service.errors import ServiceError, error_body
