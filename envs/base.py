@@ -6,7 +6,8 @@ registries at the bottom of this module, so adding one never touches the HTTP la
 write a class, decorate it with ``@register_environment`` / ``@register_policy``, and import
 its module from ``envs/__init__.py``.
 
-Nothing here imports FastAPI. Errors are plain exceptions; the service maps them to 4xx.
+Nothing here imports FastAPI. Their errors are plain exceptions (`envs/errors.py`); the service maps
+them to 4xx.
 """
 
 from __future__ import annotations
@@ -18,41 +19,8 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from envs.errors import InvalidConfig, InvalidState, UnknownPlugin, validation_problems
 from inference.calls import LLMCall
-
-# --------------------------------------------------------------------------------------------
-# Errors (the service turns each into a clear 4xx)
-# --------------------------------------------------------------------------------------------
-
-
-class PluginError(Exception):
-    """Base class of errors caused by the caller's input to a plug-in."""
-
-
-class InvalidAction(PluginError):
-    """An action (or tool call) the environment does not understand. No step was taken."""
-
-
-class InvalidConfig(PluginError):
-    """A config the environment or policy rejects."""
-
-
-class InvalidState(PluginError):
-    """A serialized state that cannot be restored (wrong version, corrupt, foreign)."""
-
-
-class EpisodeOver(PluginError):
-    """A step was asked of an environment whose episode has ended; reset it first."""
-
-
-class UnknownPlugin(PluginError):
-    """No environment or policy is registered under that name."""
-
-
-class EnvBusy(PluginError):
-    """A shared resource the environment needs (e.g. a simulator process) stayed busy past its
-    deadline; retrying later can succeed."""
-
 
 # --------------------------------------------------------------------------------------------
 # Environments
@@ -97,6 +65,7 @@ class Frame:
 
 
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
+StateT = TypeVar("StateT", bound=BaseModel)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,6 +180,23 @@ class Environment(abc.ABC, Generic[ConfigT]):
 # --------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class StepOptions:
+    """How one `Policy.step` runs.
+
+    ``dry_run`` builds the inference request (returned in ``meta["inference_request"]``)
+    without sending it; ``record_logprobs`` asks the server for token ids and logprobs;
+    ``timeout_s`` bounds the LLM call (``None``: the policy's own timeout).
+    """
+
+    dry_run: bool = False
+    record_logprobs: bool = False
+    timeout_s: float | None = None
+
+
+DRY_RUN = StepOptions(dry_run=True)
+
+
 @dataclass(slots=True)
 class PolicyDecision:
     """The result of one policy step.
@@ -277,19 +263,11 @@ class Policy(abc.ABC, Generic[ConfigT]):
     def __init__(self, config: ConfigT, context: PolicyContext) -> None: ...
 
     @abc.abstractmethod
-    async def step(
-        self,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
-    ) -> PolicyDecision:
-        """Decide on tool calls for ``observation``.
+    async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
+        """Decide on tool calls for ``observation`` (``options``: dry run, logprobs, timeout).
 
-        ``dry_run`` builds the inference request (returned in ``meta["inference_request"]``)
-        without sending it. Failures of the LLM are returned as ``PolicyDecision.error``,
-        never raised; only caller mistakes raise ``PluginError``.
+        Failures of the LLM are returned as ``PolicyDecision.error``, never raised; only caller
+        mistakes raise ``PluginError``.
         """
 
     def observe_outcome(self, result: StepResult) -> None:  # noqa: B027 - optional hook
@@ -306,6 +284,19 @@ class Policy(abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def from_state(cls, state: dict[str, Any], context: PolicyContext) -> Policy: ...
 
+    @classmethod
+    def validated_state(cls, state_model: type[StateT], state: dict[str, Any]) -> tuple[StateT, Any]:
+        """``state`` as ``state_model`` (which has ``policy`` and ``config`` fields) and the config
+        in it, checked to be this policy's; `InvalidState` naming the problem otherwise."""
+        try:
+            parsed = state_model.model_validate(state)
+            config = cls.config_model.model_validate(parsed.config)  # type: ignore[attr-defined]
+        except ValidationError as exc:
+            raise InvalidState(f"invalid {cls.name} state: {validation_problems(exc)}") from None
+        if parsed.policy != cls.name:  # type: ignore[attr-defined]
+            raise InvalidState(f"a {parsed.policy!r} state cannot restore a {cls.name!r} policy")  # type: ignore[attr-defined]
+        return parsed, config
+
     async def aclose(self) -> None:  # noqa: B027 - optional hook
         """Release resources. Idempotent."""
 
@@ -319,6 +310,7 @@ POLICIES: dict[str, type[Policy]] = {}
 
 E = TypeVar("E", bound=type[Environment])
 P = TypeVar("P", bound=type[Policy])
+T = TypeVar("T")
 
 
 def register_environment(cls: E) -> E:
@@ -331,17 +323,16 @@ def register_policy(cls: P) -> P:
     return cls
 
 
+def _plugin(registry: dict[str, T], kind: str, name: str) -> T:
+    if name not in registry:
+        known = ", ".join(sorted(registry)) or "none"
+        raise UnknownPlugin(f"unknown {kind} {name!r}; available: {known}")
+    return registry[name]
+
+
 def environment_class(name: str) -> type[Environment]:
-    try:
-        return ENVIRONMENTS[name]
-    except KeyError:
-        known = ", ".join(sorted(ENVIRONMENTS)) or "none"
-        raise UnknownPlugin(f"unknown environment {name!r}; available: {known}") from None
+    return _plugin(ENVIRONMENTS, "environment", name)
 
 
 def policy_class(name: str) -> type[Policy]:
-    try:
-        return POLICIES[name]
-    except KeyError:
-        known = ", ".join(sorted(POLICIES)) or "none"
-        raise UnknownPlugin(f"unknown policy {name!r}; available: {known}") from None
+    return _plugin(POLICIES, "policy", name)

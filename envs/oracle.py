@@ -10,17 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, Field
 
-from envs.base import (
-    InvalidState,
-    PluginConfig,
-    Policy,
-    PolicyContext,
-    PolicyDecision,
-    register_policy,
-)
+from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, register_policy
 from envs.text_game import TOOL_NAME
+
+
+class _OracleState(BaseModel):
+    policy: str
+    config: dict[str, Any] = Field(default_factory=dict)
+    turn_index: int = Field(strict=True, ge=0)
 
 
 @register_policy
@@ -37,14 +36,7 @@ class OraclePolicy(Policy[PluginConfig]):
         self.config = config
         self.turn_index = 0
 
-    async def step(
-        self,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
-    ) -> PolicyDecision:
+    async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
         action = observation.get("oracle_action")
         if action is None:
             return PolicyDecision(
@@ -54,7 +46,7 @@ class OraclePolicy(Policy[PluginConfig]):
                 "{'oracle': true} (the solver may also have given up on this task)",
             )
         call = {"id": f"oracle_{self.turn_index}", "tool": TOOL_NAME, "args": {"action": action}}
-        if not dry_run:
+        if not options.dry_run:
             self.turn_index += 1
         return PolicyDecision(tool_calls=[call], meta={"oracle_action": action})
 
@@ -66,18 +58,7 @@ class OraclePolicy(Policy[PluginConfig]):
 
     @classmethod
     def from_state(cls, state: dict[str, Any], context: PolicyContext) -> Policy:
-        turn = state.get("turn_index") if isinstance(state, dict) else None
-        if (
-            not isinstance(state, dict)
-            or state.get("policy") != cls.name
-            or type(turn) is not int
-            or turn < 0
-        ):
-            raise InvalidState(f"invalid {cls.name} policy state")
-        try:
-            config = cls.config_model.model_validate(state.get("config") or {})
-        except ValidationError as exc:
-            raise InvalidState(f"invalid {cls.name} policy state: {exc.errors()[0]['msg']}") from None
+        parsed, config = cls.validated_state(_OracleState, state)
         policy = cls(config, context)
-        policy.turn_index = turn
+        policy.turn_index = parsed.turn_index
         return policy

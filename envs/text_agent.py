@@ -6,7 +6,7 @@ for the tool-calling format. Each game supplies its instruction and how a reply'
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from pydantic import Field
 
@@ -28,6 +28,15 @@ class TextGameAgent(LLMAgent[TextGameAgentConfig]):
     # TextCraft's and BabyAI's clients keep only letters, digits, commas and spaces of the action;
     # SciWorld's takes the text as written.
     clean_symbols: ClassVar[bool] = True
+
+    def __init_subclass__(cls, *, game: str, title: str, **kwargs: Any) -> None:
+        """``class BabyAIAgent(TextGameAgent, game="babyai", title="BabyAI")``: the policy
+        ``babyai-agent``, which plays the env ``babyai``."""
+        super().__init_subclass__(**kwargs)
+        cls.name, cls.env_name = f"{game}-agent", game
+        cls.description = (
+            f"LLM agent for {title}: AgentGym's conversation ('Action: ...' replies) or the 'act' tool."
+        )
 
     def system_prompt(self) -> str:
         return self.instruction

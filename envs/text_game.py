@@ -19,17 +19,8 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError
 
 from envs.agent import TEXT_ACTION_TOOL, text_actions
-from envs.base import (
-    ConfigT,
-    Environment,
-    EpisodeOver,
-    Frame,
-    InvalidAction,
-    InvalidConfig,
-    InvalidState,
-    PluginConfig,
-    StepResult,
-)
+from envs.base import ConfigT, Environment, Frame, PluginConfig, StepResult
+from envs.errors import EpisodeOver, InvalidAction, InvalidConfig, InvalidState
 
 MAX_ACTION_CHARS = 512
 

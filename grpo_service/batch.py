@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from envs.base import POLICIES, PluginError, environment_class, policy_class
+from envs.base import POLICIES, environment_class, policy_class
+from envs.errors import PluginError
 from grpo_service.deps import Services
 from grpo_service.errors import ServiceError, Unprocessable
 from grpo_service.models import (

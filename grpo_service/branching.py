@@ -62,11 +62,11 @@ async def _branch(
     for parent in env_parents:
         snap = await envs.snapshot(parent.id, req.rl_run_id)
         made.snapshots.append(snap)
-        kids = await envs.fork(parent, req.num_children, snap.id)
+        kids = await envs.fork(parent, req.num_children, snap.snapshot_id)
         made.envs += kids
         env_branches[parent.id] = [k.id for k in kids]
         children += [
-            BranchChild(id=k.id, parent_id=parent.id, parent_snapshot_id=snap.id, child_index=i)
+            BranchChild(id=k.id, parent_id=parent.id, parent_snapshot_id=snap.snapshot_id, child_index=i)
             for i, k in enumerate(kids)
         ]
     for parent in policy_parents:
@@ -74,14 +74,14 @@ async def _branch(
         made.snapshots.append(snap)
         bound_kids = env_branches.get(parent.bound_env_id or "")
         bound = bound_kids if bound_kids else [parent.bound_env_id] * req.num_children
-        kids = await policies.fork(parent, bound, snap.id)
+        kids = await policies.fork(parent, bound, snap.snapshot_id)
         made.policies += kids
         policy_branches[parent.id] = [k.id for k in kids]
         children += [
             BranchChild(
                 id=k.id,
                 parent_id=parent.id,
-                parent_snapshot_id=snap.id,
+                parent_snapshot_id=snap.snapshot_id,
                 child_index=i,
                 bound_env_id=k.bound_env_id,
             )

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
-from typing import Any, Generic, Self, TypeVar
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, Self, TypeVar
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -138,59 +139,85 @@ def _retry_in(
     return min(8.0, 0.5 * 2**attempt)
 
 
-def _options(json: Any, read_timeout_s: float | None) -> dict[str, Any]:
-    options: dict[str, Any] = {} if json is None else {"json": json}
-    if read_timeout_s is not None:
-        options["timeout"] = timeout(read_timeout_s)
-    return options
+class _Try:
+    """One try of a request: ``with`` it (``async with`` on the async client) around the send.
+    Entering waits the back-off before this try; leaving records a transport error."""
+
+    def __init__(self, delay_s: float) -> None:
+        self.delay_s = delay_s
+        self.response: httpx.Response | None = None
+        self.error: httpx.HTTPError | None = None
+
+    def __enter__(self) -> Self:
+        time.sleep(self.delay_s)
+        return self
+
+    async def __aenter__(self) -> Self:
+        await asyncio.sleep(self.delay_s)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if isinstance(exc, httpx.HTTPError):
+            self.error = exc
+            return True
+        return False
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: object
+    ) -> bool:
+        return self.__exit__(kind, exc, tb)
+
+    def outcome(self) -> Any:
+        """The parsed body of a final try, or the `ServiceCallError` it amounts to."""
+        return _outcome(self.error, self.response)
 
 
-def call(
-    client: httpx.Client,
-    method: str,
-    url: str,
-    *,
-    json: Any = None,
-    attempts: int = 3,
-    read_timeout_s: float | None = None,
-) -> Any:
-    """One request with at most ``attempts`` tries: the parsed JSON body, or `ServiceCallError`."""
-    for attempt in range(attempts):
-        response: httpx.Response | None = None
-        error: httpx.HTTPError | None = None
-        try:
-            response = client.request(method, url, **_options(json, read_timeout_s))
-        except httpx.HTTPError as exc:
-            error = exc
-        delay = _retry_in(attempt, attempts, error, response)
-        if delay is None:
-            return _outcome(error, response)
-        time.sleep(delay)
-    raise AssertionError("unreachable")
+@dataclass(frozen=True)
+class ServiceRequest:
+    """One call to the service, apart from the transport that sends it (the sync and async
+    clients share it, as httpx's clients share their request building): what to send, and its
+    tries (`tries`; the last try's `outcome` is the answer)."""
+
+    method: str
+    url: str
+    json: Any = None
+    attempts: int = 3  # at least 1
+    read_timeout_s: float | None = None
+
+    def send_options(self) -> dict[str, Any]:
+        """The keyword arguments of ``httpx.Client.request`` (and ``AsyncClient.request``)."""
+        options: dict[str, Any] = {"method": self.method, "url": self.url}
+        if self.json is not None:
+            options["json"] = self.json
+        if self.read_timeout_s is not None:
+            options["timeout"] = timeout(self.read_timeout_s)
+        return options
+
+    def tries(self) -> Iterator[_Try]:
+        """Each try in turn, the next one only while the last may be sent again (`_retry_in`)."""
+        delay: float | None = 0.0
+        for attempt in range(self.attempts):
+            if delay is None:
+                return
+            last = _Try(delay)
+            yield last
+            delay = _retry_in(attempt, self.attempts, last.error, last.response)
 
 
-async def acall(
-    client: httpx.AsyncClient,
-    method: str,
-    url: str,
-    *,
-    json: Any = None,
-    attempts: int = 3,
-    read_timeout_s: float | None = None,
-) -> Any:
+def call(client: httpx.Client, request: ServiceRequest) -> Any:
+    """Send ``request`` with its retries: the parsed JSON body, or `ServiceCallError`."""
+    for attempt in request.tries():
+        with attempt:
+            attempt.response = client.request(**request.send_options())
+    return attempt.outcome()
+
+
+async def acall(client: httpx.AsyncClient, request: ServiceRequest) -> Any:
     """`call` for an async client."""
-    for attempt in range(attempts):
-        response: httpx.Response | None = None
-        error: httpx.HTTPError | None = None
-        try:
-            response = await client.request(method, url, **_options(json, read_timeout_s))
-        except httpx.HTTPError as exc:
-            error = exc
-        delay = _retry_in(attempt, attempts, error, response)
-        if delay is None:
-            return _outcome(error, response)
-        await asyncio.sleep(delay)
-    raise AssertionError("unreachable")
+    for attempt in request.tries():
+        async with attempt:
+            attempt.response = await client.request(**request.send_options())
+    return attempt.outcome()
 
 
 def _parsed(model: type[M], data: Any) -> M:
@@ -233,17 +260,34 @@ class _Post(Generic[Q, M]):
 
 
 class _Routes:
-    """Every route of the service, once. ``_send`` is the sync or async transport."""
+    """Every route of the service, once. ``_send`` is the sync or async transport.
 
-    def _send(
+    ``http``: an httpx client of your own (its base URL and headers are used as they are), e.g.
+    ``fastapi.testclient.TestClient(app)`` in tests; otherwise one is opened for ``base_url``."""
+
+    http_class: ClassVar[type[httpx.Client] | type[httpx.AsyncClient]]
+
+    def __init__(
         self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        model: type[M],
-        read_timeout_s: float | None,
-    ) -> Any:
+        base_url: str = "http://localhost:8000",
+        api_key: str | None = None,
+        *,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        attempts: int = 3,
+        max_connections: int = 100,
+        http: httpx.Client | httpx.AsyncClient | None = None,
+    ) -> None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self.http = http or self.http_class(
+            base_url=base_url, headers=headers(api_key), timeout=timeout(timeout_s), limits=limits
+        )
+        self.attempts, self._owns_http = attempts, http is None
+
+    def _send(self, request: ServiceRequest, model: type[M]) -> Any:
         raise NotImplementedError
+
+    def _get(self, path: str, model: type[M]) -> Any:
+        return self._send(ServiceRequest("GET", path, attempts=self.attempts), model)
 
     def _post(self, path: str, kind: type[Q], request: Any, fields: dict[str, Any], model: type[M]) -> Any:
         body = _body(kind, request, fields)
@@ -251,13 +295,13 @@ class _Routes:
         if path in BLOCKING_ROUTES:  # answered when the run ends: wait up to its own time limit
             safety = RolloutSafetyConfig.model_validate(body.get("safety") or {})
             read_timeout_s = safety.max_time_s + 30.0
-        return self._send("POST", path, body, model, read_timeout_s)
+        return self._send(ServiceRequest("POST", path, body, self.attempts, read_timeout_s), model)
 
     def info(self) -> ServiceInfo:
-        return self._send("GET", "/info", None, ServiceInfo, None)
+        return self._get("/info", ServiceInfo)
 
     def health(self) -> Health:
-        return self._send("GET", "/health", None, Health, None)
+        return self._get("/health", Health)
 
     create_env = _Post("/env/create", EnvCreateRequest, EnvCreateResponse)
     reset_env = _Post("/env/reset", EnvResetRequest, EnvResetResponse)
@@ -280,38 +324,17 @@ class _Routes:
     abort = _Post("/run/abort", RunAbortRequest, RunAbortResponse)
 
     def run_status(self, run_id: str) -> RunStatusResponse:
-        return self._send("GET", f"/run/status/{run_id}", None, RunStatusResponse, None)
+        return self._get(f"/run/status/{run_id}", RunStatusResponse)
 
 
 class TaskAppClient(_Routes):
-    """The sync client. ``http``: an ``httpx.Client`` of your own (its base URL and headers are
-    used as they are), e.g. ``fastapi.testclient.TestClient(app)`` in tests."""
+    """The sync client."""
 
-    def __init__(
-        self,
-        base_url: str = "http://localhost:8000",
-        api_key: str | None = None,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        attempts: int = 3,
-        http: httpx.Client | None = None,
-    ) -> None:
-        self.http = http or httpx.Client(
-            base_url=base_url, headers=headers(api_key), timeout=timeout(timeout_s)
-        )
-        self.attempts = attempts
-        self._owns_http = http is None
+    http_class = httpx.Client
+    http: httpx.Client
 
-    def _send(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        model: type[M],
-        read_timeout_s: float | None,
-    ) -> M:
-        data = call(self.http, method, path, json=body, attempts=self.attempts, read_timeout_s=read_timeout_s)
-        return _parsed(model, data)
+    def _send(self, request: ServiceRequest, model: type[M]) -> M:
+        return _parsed(model, call(self.http, request))
 
     def close(self) -> None:
         if self._owns_http:
@@ -327,35 +350,11 @@ class TaskAppClient(_Routes):
 class AsyncTaskAppClient(_Routes):
     """The async client: the same methods as `TaskAppClient`, each returning an awaitable."""
 
-    def __init__(
-        self,
-        base_url: str = "http://localhost:8000",
-        api_key: str | None = None,
-        *,
-        timeout_s: float = DEFAULT_TIMEOUT_S,
-        attempts: int = 3,
-        max_connections: int = 100,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self.http = http or httpx.AsyncClient(
-            base_url=base_url, headers=headers(api_key), timeout=timeout(timeout_s), limits=limits
-        )
-        self.attempts = attempts
-        self._owns_http = http is None
+    http_class = httpx.AsyncClient
+    http: httpx.AsyncClient
 
-    async def _send(
-        self,
-        method: str,
-        path: str,
-        body: dict[str, Any] | None,
-        model: type[M],
-        read_timeout_s: float | None,
-    ) -> M:
-        data = await acall(
-            self.http, method, path, json=body, attempts=self.attempts, read_timeout_s=read_timeout_s
-        )
-        return _parsed(model, data)
+    async def _send(self, request: ServiceRequest, model: type[M]) -> M:
+        return _parsed(model, await acall(self.http, request))
 
     async def aclose(self) -> None:
         if self._owns_http:

@@ -15,26 +15,25 @@ from typing import Any, TypeVar
 
 import anyio
 
-from envs.base import Environment, InvalidAction, StepResult, environment_class
-from grpo_service.errors import NotFound
-from grpo_service.registry import EnvHandle, Registry, SnapshotMeta, new_instance_id
+from envs.base import Environment, StepResult, environment_class
+from envs.errors import InvalidAction
+from grpo_service.live_objects import LiveObjects
+from grpo_service.registry import EnvHandle, Registry, new_instance_id
 from grpo_service.snapshots import SnapshotService
 
 T = TypeVar("T")
 
 
-class EnvManager:
+class EnvManager(LiveObjects[EnvHandle]):
+    kind = "env"
+
     def __init__(self, registry: Registry, snapshots: SnapshotService, threads: int):
-        self.registry = registry
-        self.snapshots = snapshots
+        super().__init__(registry, snapshots, registry.envs)
         self.limiter = anyio.CapacityLimiter(threads)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a synchronous env call in a worker thread."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
-
-    def get(self, env_id: str) -> EnvHandle:
-        return self.registry.envs.get(env_id)
 
     async def _register(self, env: Environment, rl_run_id: str, **lineage: Any) -> EnvHandle:
         handle = EnvHandle(id=new_instance_id(), rl_run_id=rl_run_id, env=env, env_name=env.name, **lineage)
@@ -115,35 +114,11 @@ class EnvManager:
             self._check_open(handle)
             return await self.run(fn, handle.env)
 
-    async def terminate(self, env_id: str) -> bool:
-        """Idempotent: terminating an unknown or already-terminated env returns False."""
-        handle = self.registry.envs.pop(env_id)
-        if handle is None:
-            return False
-        await self.discard(handle)
-        return True
+    async def _close(self, handle: EnvHandle) -> None:
+        handle.env.close()
 
-    async def discard(self, handle: EnvHandle) -> None:
-        self.registry.envs.pop(handle.id)
-        if not handle.closed:
-            handle.closed = True
-            handle.env.close()
-
-    async def snapshot(self, env_id: str, rl_run_id: str | None = None) -> SnapshotMeta:
-        handle = self.get(env_id)
-        async with handle.lock:
-            self._check_open(handle)
-            payload = await self.run(handle.env.get_state)
-            plugin_meta = handle.env.state_metadata()
-        return await self.snapshots.save(
-            kind="env",
-            rl_run_id=rl_run_id or handle.rl_run_id,
-            source_id=handle.id,
-            plugin_name=handle.env_name,
-            payload=payload,
-            plugin_meta=plugin_meta,
-            parent_snapshot_id=handle.parent_snapshot_id,
-        )
+    async def _saved_state(self, handle: EnvHandle) -> tuple[str, bytes, dict[str, Any]]:
+        return handle.env_name, await self.run(handle.env.get_state), handle.env.state_metadata()
 
     async def restore(self, snapshot_id: str, rl_run_id: str | None = None) -> EnvHandle:
         self.registry.envs.reserve()
@@ -206,11 +181,6 @@ class EnvManager:
                 env.close()
             raise
         return handles
-
-    @staticmethod
-    def _check_open(handle: EnvHandle) -> None:
-        if handle.closed:
-            raise NotFound(f"env {handle.id} was terminated", code="env_not_found")
 
 
 def _new_envs(

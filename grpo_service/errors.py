@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Send
 
-from envs.base import (
+from envs.errors import (
     EnvBusy,
     EpisodeOver,
     InvalidAction,
@@ -26,10 +26,16 @@ from grpo_service.models import ErrorBody
 
 
 class ServiceError(Exception):
-    """An error with an HTTP status and a stable machine-readable code."""
+    """An error with an HTTP status and a stable machine-readable code. A subclass names both:
+    ``class NotFound(ServiceError, status=404, code="not_found")``."""
 
     status_code = 400
     code = "bad_request"
+
+    def __init_subclass__(cls, *, status: int | None = None, code: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.status_code = status or cls.status_code
+        cls.code = code or cls.code
 
     def __init__(self, message: str, *, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
@@ -39,41 +45,32 @@ class ServiceError(Exception):
             self.code = code
 
 
-class NotFound(ServiceError):
-    status_code = 404
-    code = "not_found"
+class NotFound(ServiceError, status=404, code="not_found"):
+    """An unknown id."""
 
 
-class Conflict(ServiceError):
-    status_code = 409
-    code = "conflict"
+class Conflict(ServiceError, status=409, code="conflict"):
+    """In use, or in a state that does not allow the request."""
 
 
-class Unprocessable(ServiceError):
-    status_code = 422
-    code = "invalid_request"
+class Unprocessable(ServiceError, status=422, code="invalid_request"):
+    """A request that is well-formed JSON but asks for something invalid."""
 
 
-class Unauthorized(ServiceError):
-    status_code = 401
-    code = "unauthorized"
+class Unauthorized(ServiceError, status=401, code="unauthorized"):
+    """A missing or wrong API key."""
 
 
-class CapacityExceeded(ServiceError):
-    status_code = 429
-    code = "capacity_exceeded"
+class CapacityExceeded(ServiceError, status=429, code="capacity_exceeded"):
+    """At capacity: retry after the ``Retry-After`` header's seconds."""
 
 
-class PayloadTooLarge(ServiceError):
-    status_code = 413
-    code = "payload_too_large"
+class PayloadTooLarge(ServiceError, status=413, code="payload_too_large"):
+    """A request body over MAX_REQUEST_BYTES."""
 
 
-class WrongInstance(ServiceError):
+class WrongInstance(ServiceError, status=421, code="wrong_instance"):
     """An id issued by another replica of the service (421 Misdirected Request; see decisions.md)."""
-
-    status_code = 421
-    code = "wrong_instance"
 
 
 _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [

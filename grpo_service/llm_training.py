@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 
-from grpo_service.client import acall, headers, timeout
+from grpo_service.client import ServiceRequest, acall, headers, timeout
 from training.jobs import JobType, register_job_type
 from training.llm.config import RLConfig, SFTConfig
 
@@ -29,7 +29,7 @@ class TaskAppClient:
         async with httpx.AsyncClient(
             base_url=self.base_url, headers=headers(self.api_key), timeout=timeout(self.read_timeout_s)
         ) as client:
-            return await acall(client, "POST", "/rollout/group", json=body, attempts=4)
+            return await acall(client, ServiceRequest("POST", "/rollout/group", body, attempts=4))
 
     def info(self) -> dict[str, Any]:
         return asyncio.run(self._get("/info"))
@@ -38,7 +38,7 @@ class TaskAppClient:
         async with httpx.AsyncClient(
             base_url=self.base_url, headers=headers(self.api_key), timeout=30
         ) as client:
-            return await acall(client, "GET", path)
+            return await acall(client, ServiceRequest("GET", path))
 
 
 def _job_config(config: Any, ctx: Any) -> Any:

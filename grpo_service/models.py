@@ -158,15 +158,18 @@ SYNTH_COMPAT_HELP = "Accepted and ignored, so that Synth's task-app clients (whi
 RL_RUN_ID_HELP = "Owner of the objects this creates: groups their snapshots on disk and filters listings."
 
 
-def _examples(*examples: dict[str, Any]) -> ConfigDict:
-    """A request model's examples: the first is the body Swagger UI's "Try it out" starts from."""
-    return ConfigDict(extra="forbid", json_schema_extra={"examples": list(examples)})
+def request_config(*examples: dict[str, Any], strict: bool = False) -> ConfigDict:
+    """A request model's config: unknown fields refused (``strict``: no type coercion either) and
+    its examples, the first being the body Swagger UI's "Try it out" starts from."""
+    return ConfigDict(extra="forbid", strict=strict, json_schema_extra={"examples": list(examples)})
 
 
 class EnvCreateRequest(Request):
     """Create an environment; its first episode starts at once."""
 
-    model_config = _examples({"env_name": "crafter", "config": {}, "seed": 42, "rl_run_id": "test-run-1"})
+    model_config = request_config(
+        {"env_name": "crafter", "config": {}, "seed": 42, "rl_run_id": "test-run-1"}
+    )
 
     env_name: Name = Field(description="An environment plug-in from GET /info, e.g. `crafter`.")
     config: ConfigDict_
@@ -190,7 +193,7 @@ class EnvCreateResponse(EnvState):
 class EnvResetRequest(Request):
     """Start a new episode."""
 
-    model_config = _examples({"env_id": ENV_ID, "seed": 7})
+    model_config = request_config({"env_id": ENV_ID, "seed": 7})
 
     env_id: Id = Field(description="The env to reset.")
     seed: Seed | None = Field(default=None, description="The new episode's world seed (default: the env's).")
@@ -203,7 +206,7 @@ class EnvResetResponse(EnvState):
 class EnvStepRequest(Request):
     """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
 
-    model_config = _examples(
+    model_config = request_config(
         {"env_id": ENV_ID, "actions": ["move_left", "do"]},
         {"env_id": ENV_ID, "action": "do"},
         {
@@ -249,7 +252,7 @@ class SnapshotRequest(Request):
 class EnvSnapshotRequest(SnapshotRequest):
     """Save an env's full live state as a signed tarball."""
 
-    model_config = _examples({"env_id": ENV_ID})
+    model_config = request_config({"env_id": ENV_ID})
 
     env_id: Id = Field(description="The env to save.")
 
@@ -264,13 +267,15 @@ class SnapshotResponse(BaseModel):
     parent_snapshot_id: str | None = Field(default=None, description="The snapshot it descends from.")
 
 
-class EnvRestoreRequest(Request):
+class RestoreRequest(Request):
+    snapshot_id: Id = Field(description="The snapshot to restore (its kind must match the route's).")
+    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
+
+
+class EnvRestoreRequest(RestoreRequest):
     """A new env that continues exactly where the snapshot was taken."""
 
-    model_config = _examples({"snapshot_id": ENV_SNAPSHOT_ID})
-
-    snapshot_id: Id = Field(description="An env snapshot's id.")
-    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
+    model_config = request_config({"snapshot_id": ENV_SNAPSHOT_ID})
 
 
 class EnvRestoreResponse(EnvState):
@@ -281,7 +286,7 @@ class EnvRestoreResponse(EnvState):
 class EnvTerminateRequest(Request):
     """Release an env. Idempotent."""
 
-    model_config = _examples({"env_id": ENV_ID})
+    model_config = request_config({"env_id": ENV_ID})
 
     env_id: Id = Field(description="The env to release.")
 
@@ -297,7 +302,7 @@ class TerminateResponse(BaseModel):
 class PolicyCreateRequest(Request):
     """Create a policy: an LLM agent (``crafter-react``) or a scripted one."""
 
-    model_config = _examples(
+    model_config = request_config(
         {"policy_name": "crafter-react", "config": {"temperature": 0.7}, "rl_run_id": "test-run-1"},
         {"policy_name": "crafter-heuristic", "config": {}, "bound_env_id": ENV_ID},
     )
@@ -320,7 +325,7 @@ class PolicyCreateResponse(BaseModel):
 class PolicyStepRequest(Request):
     """Decide on tool calls for an observation."""
 
-    model_config = _examples({"policy_id": POLICY_ID, "dry_run": True})
+    model_config = request_config({"policy_id": POLICY_ID, "dry_run": True})
 
     policy_id: Id = Field(description="The policy to ask.")
     observation: dict[str, Any] | None = Field(
@@ -362,25 +367,20 @@ class PolicyStepResponse(BaseModel):
 class PolicySnapshotRequest(SnapshotRequest):
     """Save a policy's state (config, history window, turn index)."""
 
-    model_config = _examples({"policy_id": POLICY_ID})
+    model_config = request_config({"policy_id": POLICY_ID})
 
     policy_id: Id = Field(description="The policy to save.")
 
 
-class PolicyRestoreRequest(Request):
+class PolicyRestoreRequest(RestoreRequest):
     """A new policy with the snapshot's state."""
 
-    model_config = _examples({"snapshot_id": POLICY_SNAPSHOT_ID})
+    model_config = request_config({"snapshot_id": POLICY_SNAPSHOT_ID})
 
-    snapshot_id: Id = Field(description="A policy snapshot's id.")
-    rl_run_id: RunId | None = Field(default=None, description="Optional: where to look first.")
     bound_env_id: Id | None = Field(default=None, description="Bind the new policy to this env.")
 
 
-class PolicyRestoreResponse(BaseModel):
-    policy_id: str = Field(description="The new policy's id.")
-    policy_name: str = Field(description="Its plug-in.")
-    bound_env_id: str | None = Field(default=None, description="The env it reads by default.")
+class PolicyRestoreResponse(PolicyCreateResponse):
     parent_snapshot_id: str = Field(description="The snapshot it was restored from.")
     parent_policy_id: str | None = Field(default=None, description="The policy that snapshot was taken of.")
 
@@ -388,7 +388,7 @@ class PolicyRestoreResponse(BaseModel):
 class PolicyTerminateRequest(Request):
     """Release a policy. Idempotent."""
 
-    model_config = _examples({"policy_id": POLICY_ID})
+    model_config = request_config({"policy_id": POLICY_ID})
 
     policy_id: Id = Field(description="The policy to release.")
 
@@ -401,7 +401,7 @@ Op = Literal["agent", "env"]
 class RolloutEnvSpec(Request):
     """An existing ``env_id``, an ``env_name`` (+ ``config``, ``seed``), or a ``snapshot_id``."""
 
-    model_config = _examples({"env_name": "crafter", "seed": 42}, {"snapshot_id": ENV_SNAPSHOT_ID})
+    model_config = request_config({"env_name": "crafter", "seed": 42}, {"snapshot_id": ENV_SNAPSHOT_ID})
 
     env_id: Id | None = Field(default=None, description="Play this live env (not for groups).")
     env_name: Name | None = Field(default=None, description="Create an env of this plug-in.")
@@ -420,7 +420,7 @@ class RolloutEnvSpec(Request):
 class RolloutPolicySpec(Request):
     """An existing ``policy_id``, or a ``policy_name`` (+ ``config``)."""
 
-    model_config = _examples({"policy_name": "crafter-react", "config": {"temperature": 1.0}})
+    model_config = request_config({"policy_name": "crafter-react", "config": {"temperature": 1.0}})
 
     policy_id: Id | None = Field(default=None, description="Use this live policy (not for groups).")
     policy_name: Name | None = Field(default=None, description="Create a policy of this plug-in.")
@@ -436,7 +436,7 @@ class RolloutPolicySpec(Request):
 class RolloutRecordConfig(Request):
     """What the response (and the trace) keeps of each step."""
 
-    model_config = _examples({"logprobs": True})
+    model_config = request_config({"logprobs": True})
 
     trajectories: bool = Field(default=True, description="Return the per-step trajectories.")
     logprobs: bool | None = Field(
@@ -456,7 +456,7 @@ class RolloutRecordConfig(Request):
 class RolloutSafetyConfig(Request):
     """Bounds on a rollout: it stops (keeping what it played) when one is reached."""
 
-    model_config = _examples({"max_time_s": 600})
+    model_config = request_config({"max_time_s": 600})
 
     max_ops: int | None = Field(
         default=None,
@@ -469,11 +469,42 @@ class RolloutSafetyConfig(Request):
     llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
 
 
-class RolloutRequest(Request):
+class RolloutPlan(Request):
+    """What a rollout plays and keeps: the fields /rollout and /rollout/group share (a group passes
+    them on to each of its members)."""
+
+    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
+    max_turns: int | None = Field(
+        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N (per member)."
+    )
+    on_done: Literal["reset", "terminate"] = Field(
+        default="reset", description="At the end of an episode: start the next one, or stop."
+    )
+    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
+    safety: RolloutSafetyConfig = Field(
+        default_factory=RolloutSafetyConfig, description="Bounds (a group: of each member)."
+    )
+    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    mode: Literal["rl", "eval"] = Field(
+        default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
+    )
+
+    @model_validator(mode="after")
+    def _ops(self) -> RolloutPlan:
+        # Checked here, not when a rollout starts: a bad sequence is the caller's 422, not a 500.
+        check_ops(self.ops, self.max_turns, self.safety.max_ops)
+        return self
+
+    def plan(self) -> dict[str, Any]:
+        """This request's `RolloutPlan` fields, to pass on to the rollouts it starts."""
+        return {name: getattr(self, name) for name in RolloutPlan.model_fields}
+
+
+class RolloutRequest(RolloutPlan):
     """Play a policy in an environment: ``ops`` of ``agent`` (decide) and ``env`` (execute), or
     ``max_turns`` decisions."""
 
-    model_config = _examples(
+    model_config = request_config(
         {
             "env": {"env_name": "crafter", "seed": 42},
             "policy": {"policy_name": "crafter-heuristic"},
@@ -493,19 +524,6 @@ class RolloutRequest(Request):
     run_id: RunId | None = Field(default=None, description="Generated when omitted; must be unique.")
     env: RolloutEnvSpec = Field(description="Where to play.")
     policy: RolloutPolicySpec = Field(description="Who plays.")
-    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
-    max_turns: int | None = Field(
-        default=None, ge=1, le=MAX_TURNS, description="Shorthand: ops = [agent, env] × N."
-    )
-    on_done: Literal["reset", "terminate"] = Field(
-        default="reset", description="At the end of an episode: start the next one, or stop."
-    )
-    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
-    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig, description="Bounds.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
-    mode: Literal["rl", "eval"] = Field(
-        default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
-    )
     training_session_id: str | None = Field(
         default=None,
         max_length=256,
@@ -516,11 +534,6 @@ class RolloutRequest(Request):
         max_length=2048,
         description=SYNTH_COMPAT_HELP,
     )
-
-    @model_validator(mode="after")
-    def _ops(self) -> RolloutRequest:
-        check_ops(self.ops, self.max_turns, self.safety.max_ops)
-        return self
 
     def op_list(self) -> list[str]:
         return list(self.ops) if self.ops is not None else ["agent", "env"] * (self.max_turns or 0)
@@ -629,10 +642,10 @@ class RolloutResponse(BaseModel):
     )
 
 
-class RolloutGroupRequest(Request):
+class RolloutGroupRequest(RolloutPlan):
     """G rollouts from the same start, each with its own policy instance and sampling."""
 
-    model_config = _examples(
+    model_config = request_config(
         {
             "group_size": 4,
             "env": {"env_name": "crafter", "seed": 123},
@@ -655,23 +668,15 @@ class RolloutGroupRequest(Request):
     group_size: int = Field(ge=1, le=1024, description="G: rollouts in the group.")
     env: RolloutEnvSpec = Field(description="The common start: `env_name` + `seed`, or `snapshot_id`.")
     policy: RolloutPolicySpec = Field(description="`policy_name` + `config`: each member gets its own.")
-    ops: list[Op] | None = Field(default=None, description="'agent'/'env' sequence; or use max_turns.")
-    max_turns: int | None = Field(default=None, ge=1, le=MAX_TURNS, description="Decisions per member.")
     on_done: Literal["reset", "terminate"] = Field(
         default="terminate", description="At the end of an episode: start the next one, or stop."
     )
-    record: RolloutRecordConfig = Field(default_factory=RolloutRecordConfig, description="What to keep.")
-    safety: RolloutSafetyConfig = Field(default_factory=RolloutSafetyConfig, description="Bounds per member.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
-    mode: Literal["rl", "eval"] = Field(default="rl", description="Recorded in the trace.")
     vary_policy_seed: bool = Field(
         default=True, description="Give member i the policy config seed + i (when the policy has a seed)."
     )
 
     @model_validator(mode="after")
     def _sources(self) -> RolloutGroupRequest:
-        # Checked here, not when the members are built: a bad sequence is the caller's 422, not a 500.
-        check_ops(self.ops, self.max_turns, self.safety.max_ops)
         if self.env.env_id is not None:
             raise ValueError(
                 "env: a group starts from 'env_name' (+ seed) or 'snapshot_id', not a live env_id"
@@ -722,7 +727,7 @@ class RunStarted(BaseModel):
 class BranchRequest(Request):
     """Fork live envs and policies into exact copies."""
 
-    model_config = _examples({"env_ids": [ENV_ID], "num_children": 2})
+    model_config = request_config({"env_ids": [ENV_ID], "num_children": 2})
 
     env_ids: list[Id] = Field(default_factory=list, max_length=64, description="Envs to fork.")
     policy_ids: list[Id] = Field(default_factory=list, max_length=64, description="Policies to fork.")
@@ -762,7 +767,7 @@ class BranchResponse(BaseModel):
 class RunAbortRequest(Request):
     """Stop a running rollout or group now; partial trajectories are kept."""
 
-    model_config = _examples({"run_id": RUN_ID})
+    model_config = request_config({"run_id": RUN_ID})
 
     run_id: Id = Field(description="A rollout's or a group's id.")
 
@@ -781,14 +786,19 @@ class RunMemberStatus(BaseModel):
     ops_total: int = Field(description="Ops the member was asked for.")
 
 
-class RunStatusResponse(BaseModel):
-    run_id: str = Field(description="The run.")
+class RunProgress(BaseModel):
+    """Where a run stands: what /run/status and /run/list both show."""
+
+    run_id: str = Field(description="The id for /run/status/{run_id} and /run/abort.")
     kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
     status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
     started_at: float = Field(description="Unix time it started.")
     finished_at: float | None = Field(description="Unix time it finished; null while running.")
     ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
     ops_total: int = Field(description="Ops requested (a group: summed over its members).")
+
+
+class RunStatusResponse(RunProgress):
     timings: dict[str, float] = Field(description="`llm_s`, `env_s` so far (a group: summed).")
     error: str | None = Field(default=None, description="Why it failed, if it did.")
     members: list[RunMemberStatus] | None = Field(
@@ -841,16 +851,9 @@ class PolicyList(PageInfo):
     policies: list[PolicySummary] = Field(description="Oldest first.")
 
 
-class RunSummary(BaseModel):
-    run_id: str = Field(description="The id for /run/status/{run_id} and /run/abort.")
-    kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
-    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+class RunSummary(RunProgress):
     rl_run_id: str = Field(description="The owner: the request's `rl_run_id`.")
-    started_at: float = Field(description="Unix time it started.")
     age_s: float = Field(description="Seconds since it started.")
-    finished_at: float | None = Field(description="Unix time it finished; null while running.")
-    ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
-    ops_total: int = Field(description="Ops requested (a group: summed over its members).")
 
 
 class RunList(PageInfo):
@@ -863,21 +866,15 @@ class RunList(PageInfo):
 class BatchRolloutsRequest(Request):
     """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
 
-    # `true` is not a temperature, "5" no count
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
-                {
-                    "env": "textcraft",
-                    "model": "<a model your server serves, e.g. Qwen/Qwen3-1.7B>",
-                    "base_url": "<base_url of your OpenAI-compatible server, e.g. http://127.0.0.1:8001>",
-                    "ids": [0, 1],
-                    "max_round": 5,
-                }
-            ]
+    model_config = request_config(  # strict: `true` is not a temperature, "5" no count
+        {
+            "env": "textcraft",
+            "model": "<a model your server serves, e.g. Qwen/Qwen3-1.7B>",
+            "base_url": "<base_url of your OpenAI-compatible server, e.g. http://127.0.0.1:8001>",
+            "ids": [0, 1],
+            "max_round": 5,
         },
+        strict=True,
     )
 
     env: Name = Field(examples=["textcraft"], description="An environment with an LLM agent (see /info).")

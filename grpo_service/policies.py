@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from envs.base import Policy, PolicyContext, PolicyDecision, StepResult, policy_class
-from grpo_service.errors import NotFound, Unprocessable
-from grpo_service.registry import PolicyHandle, Registry, SnapshotMeta, new_instance_id
+from envs.base import Policy, PolicyContext, PolicyDecision, StepOptions, StepResult, policy_class
+from grpo_service.errors import Unprocessable
+from grpo_service.live_objects import LiveObjects
+from grpo_service.registry import PolicyHandle, Registry, new_instance_id
 from grpo_service.snapshots import SnapshotService, decode_json_state
 from inference import compact_response
 
@@ -21,14 +22,12 @@ def check_plays(policy_name: str, env_name: str, what: str) -> None:
         )
 
 
-class PolicyManager:
-    def __init__(self, registry: Registry, snapshots: SnapshotService, context: PolicyContext):
-        self.registry = registry
-        self.snapshots = snapshots
-        self.context = context
+class PolicyManager(LiveObjects[PolicyHandle]):
+    kind = "policy"
 
-    def get(self, policy_id: str) -> PolicyHandle:
-        return self.registry.policies.get(policy_id)
+    def __init__(self, registry: Registry, snapshots: SnapshotService, context: PolicyContext):
+        super().__init__(registry, snapshots, registry.policies)
+        self.context = context
 
     def _register(self, policy: Policy, rl_run_id: str, **fields: Any) -> PolicyHandle:
         handle = PolicyHandle(
@@ -54,19 +53,11 @@ class PolicyManager:
         return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)
 
     async def step(
-        self,
-        handle: PolicyHandle,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
+        self, handle: PolicyHandle, observation: dict[str, Any], options: StepOptions
     ) -> PolicyDecision:
         async with handle.lock:
             self._check_open(handle)
-            decision = await handle.policy.step(
-                observation, dry_run=dry_run, record_logprobs=record_logprobs, timeout_s=timeout_s
-            )
+            decision = await handle.policy.step(observation, options)
             handle.touch()
         if decision.llm_call is not None:  # ids and logprobs stay in their own fields
             decision.llm_call.response = compact_response(decision.llm_call.response)
@@ -89,18 +80,8 @@ class PolicyManager:
         config = state.get("config") if isinstance(state, dict) else None
         return {k: v for k, v in (config or {}).items() if "key" not in k.lower()}
 
-    async def terminate(self, policy_id: str) -> bool:
-        handle = self.registry.policies.pop(policy_id)
-        if handle is None:
-            return False
-        await self.discard(handle)
-        return True
-
-    async def discard(self, handle: PolicyHandle) -> None:
-        self.registry.policies.pop(handle.id)
-        if not handle.closed:
-            handle.closed = True
-            await handle.policy.aclose()
+    async def _close(self, handle: PolicyHandle) -> None:
+        await handle.policy.aclose()
 
     def _state_payload(self, handle: PolicyHandle) -> bytes:
         state = handle.policy.get_state()
@@ -109,20 +90,9 @@ class PolicyManager:
             separators=(",", ":"),
         ).encode()
 
-    async def snapshot(self, policy_id: str, rl_run_id: str | None = None) -> SnapshotMeta:
-        handle = self.get(policy_id)
-        async with handle.lock:
-            self._check_open(handle)
-            payload = self._state_payload(handle)
-        return await self.snapshots.save(
-            kind="policy",
-            rl_run_id=rl_run_id or handle.rl_run_id,
-            source_id=handle.id,
-            plugin_name=handle.policy_name,
-            payload=payload,
-            plugin_meta={"policy_name": handle.policy_name, "policy_version": handle.policy.version},
-            parent_snapshot_id=handle.parent_snapshot_id,
-        )
+    async def _saved_state(self, handle: PolicyHandle) -> tuple[str, bytes, dict[str, Any]]:
+        meta = {"policy_name": handle.policy_name, "policy_version": handle.policy.version}
+        return handle.policy_name, self._state_payload(handle), meta
 
     def _from_payload(self, payload: bytes, plugin: str) -> Policy:
         doc = decode_json_state(payload)
@@ -174,8 +144,3 @@ class PolicyManager:
                 await self.discard(kid)
             raise
         return kids
-
-    @staticmethod
-    def _check_open(handle: PolicyHandle) -> None:
-        if handle.closed:
-            raise NotFound(f"policy {handle.id} was terminated", code="policy_not_found")

@@ -72,23 +72,27 @@ class Handle:
 
 
 @dataclass(eq=False)
-class EnvHandle(Handle):
-    env: Environment = None  # type: ignore[assignment]
-    env_name: str = ""
-    last: StepResult | None = None
-    parent_env_id: str | None = None
+class PluginHandle(Handle):
+    """A live env or policy: the snapshot it was restored from, and whether it was terminated."""
+
     parent_snapshot_id: str | None = None
     closed: bool = False
 
 
 @dataclass(eq=False)
-class PolicyHandle(Handle):
+class EnvHandle(PluginHandle):
+    env: Environment = None  # type: ignore[assignment]
+    env_name: str = ""
+    last: StepResult | None = None
+    parent_env_id: str | None = None
+
+
+@dataclass(eq=False)
+class PolicyHandle(PluginHandle):
     policy: Policy = None  # type: ignore[assignment]
     policy_name: str = ""
     bound_env_id: str | None = None
     parent_policy_id: str | None = None
-    parent_snapshot_id: str | None = None
-    closed: bool = False
 
 
 RunStatus = Literal["running", "completed", "failed", "aborted"]
@@ -118,7 +122,7 @@ class RunHandle(Handle):
 
 @dataclass(eq=False)
 class SnapshotMeta:
-    id: str
+    snapshot_id: str
     kind: Literal["env", "policy"]
     rl_run_id: str
     path: str

@@ -17,7 +17,7 @@ from typing import Any
 
 import anyio
 
-from envs.base import InvalidState
+from envs.errors import InvalidState
 from grpo_service.config import Settings
 from grpo_service.errors import NotFound, Unprocessable
 from grpo_service.registry import Registry, SnapshotMeta, new_id
@@ -93,7 +93,7 @@ class SnapshotService:
         blob = self.codec.pack(meta, payload)
         path = await anyio.to_thread.run_sync(self.store.put, rl_run_id, kind, snapshot_id, blob)
         record = SnapshotMeta(
-            id=snapshot_id,
+            snapshot_id=snapshot_id,
             kind=kind,  # type: ignore[arg-type]
             rl_run_id=rl_run_id,
             path=path,
@@ -107,8 +107,8 @@ class SnapshotService:
 
     async def discard(self, meta: SnapshotMeta) -> None:
         """Delete a snapshot this service wrote and forget it (undoing a step that failed later)."""
-        self.registry.snapshots.pop(meta.id)
-        await anyio.to_thread.run_sync(self.store.delete, meta.rl_run_id, meta.kind, meta.id)
+        self.registry.snapshots.pop(meta.snapshot_id)
+        await anyio.to_thread.run_sync(self.store.delete, meta.rl_run_id, meta.kind, meta.snapshot_id)
 
     async def load(
         self, kind: str, snapshot_id: str, rl_run_id: str | None = None

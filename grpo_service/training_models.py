@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
+from pydantic import BaseModel, Discriminator, Field, Tag
 
+from grpo_service.models import request_config
 from training.gym.config import MODEL_NAME_PATTERN
 from training.jobs import JOB_TYPES
 
@@ -96,14 +97,8 @@ class StopResponse(BaseModel):
 
 
 class InferenceRequest(BaseModel):
-    model_config = ConfigDict(
-        extra="forbid",
-        strict=True,
-        json_schema_extra={
-            "examples": [
-                {"model_name": "my_model", "observation": [0.1, 0.0, 0.05, 0.0], "deterministic": True}
-            ]
-        },
+    model_config = request_config(
+        {"model_name": "my_model", "observation": [0.1, 0.0, 0.05, 0.0], "deterministic": True}, strict=True
     )
 
     model_name: ModelName

@@ -10,6 +10,7 @@ exactly as the server returned them (vLLM: ``prompt_token_ids`` top-level,
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import email.utils
 import hashlib
 import importlib.util
@@ -368,18 +369,11 @@ def per_choice_calls(call: LLMCall) -> list[LLMCall]:
         check_choice(call.response, i)
         ids, logprobs = choice_tokens(call.response, i)
         calls.append(
-            LLMCall(
-                request=call.request,
-                response=call.response,
-                latency_ms=call.latency_ms,
-                attempts=call.attempts,
-                usage=call.usage,
-                model=call.model,
+            dataclasses.replace(
+                call,
                 finish_reason=choice.get("finish_reason"),
-                prompt_token_ids=call.prompt_token_ids,
                 completion_token_ids=ids,
                 completion_logprobs=logprobs,
-                weights_version=call.weights_version,
             )
         )
     return calls

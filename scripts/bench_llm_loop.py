@@ -148,7 +148,9 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
         [r - report[k]["success_ci95"][0] for (k, _), r in zip(stages, rates, strict=True)],
         [report[k]["success_ci95"][1] - r for (k, _), r in zip(stages, rates, strict=True)],
     ]
-    left.bar([label for _, label in stages], rates, yerr=errors, capsize=6, color=["#999", "#4a90d9", "#2e8b57"])
+    left.bar(
+        [label for _, label in stages], rates, yerr=errors, capsize=6, color=["#999", "#4a90d9", "#2e8b57"]
+    )
     left.set_ylim(0, 1)
     left.set_ylabel("success rate (held-out tasks, 95% interval)")
     left.set_title(f"{report['game']}: {report['eval_tasks']} held-out tasks")
@@ -183,7 +185,9 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4, help="B: starts per GRPO step.")
     parser.add_argument("--group-size", type=int, default=8, help="G: rollouts per start.")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
-    parser.add_argument("--seed", type=int, default=0, help="Seed of initialisation, data order and sampling.")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="Seed of initialisation, data order and sampling."
+    )
     parser.add_argument(
         "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
     )
@@ -262,7 +266,9 @@ def main() -> None:
                         seed=args.seed,
                     )
                 )
-                report["sft"] = {k: sft[k] for k in ("steps", "examples", "first_loss", "last_loss", "wall_s")}
+                report["sft"] = {
+                    k: sft[k] for k in ("steps", "examples", "first_loss", "last_loss", "wall_s")
+                }
                 lap("sft")
             else:
                 sft = {"final": str(args.sft_from / "sft" / "final")}
@@ -294,7 +300,14 @@ def main() -> None:
                 ),
                 task_app=TaskAppClient(app.base_url),
             )
-            keys = ("steps", "reward_first", "reward_last", "totals", "weights_version_first", "weights_version_last")
+            keys = (
+                "steps",
+                "reward_first",
+                "reward_last",
+                "totals",
+                "weights_version_first",
+                "weights_version_last",
+            )
             report["rl"] = {k: rl[k] for k in keys}
             lap("rl")
             report["eval_rl"] = evaluate(app, game, eval_tasks, args)
@@ -307,7 +320,8 @@ def main() -> None:
         e = report[stage]
         low, high = e["success_ci95"]
         print(
-            f"{stage:10s} success {e['success_rate']:.2f} (sd {e['success_std']:.2f}, 95% {low:.2f}-{high:.2f})  "
+            f"{stage:10s} success {e['success_rate']:.2f} (sd {e['success_std']:.2f}, "
+            f"95% {low:.2f}-{high:.2f})  "
             f"score {e['mean_score']:.3f} (sd {e['score_std']:.3f})  turns {e['mean_turns']:.2f}  "
             f"by level {e['success_by_level']}"
         )

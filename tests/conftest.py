@@ -40,6 +40,21 @@ def fake_llm() -> Iterator[FakeInferenceServer]:
         yield server
 
 
+@pytest.fixture(scope="module")
+def module_fake() -> Iterator[FakeInferenceServer]:
+    """A fake inference server of the default config, for one test module."""
+    with FakeInferenceServer(FakeConfig()) as server:
+        yield server
+
+
+@pytest.fixture
+def fake(module_fake: FakeInferenceServer) -> FakeInferenceServer:
+    """The module's fake, back at its default config with zeroed counters (tests may change both)."""
+    module_fake.set_config(FakeConfig())
+    module_fake.state.reset_stats()
+    return module_fake
+
+
 @pytest.fixture
 def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerThread]]:
     """Factory: start a task-app server with settings overrides; all are stopped at teardown."""

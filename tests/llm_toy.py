@@ -18,13 +18,14 @@ from envs.base import (
     ENVIRONMENTS,
     POLICIES,
     Environment,
-    EpisodeOver,
     PluginConfig,
     Policy,
     PolicyContext,
     PolicyDecision,
+    StepOptions,
     StepResult,
 )
+from envs.errors import EpisodeOver
 from inference import openai_client
 from inference.errors import InferenceError
 
@@ -109,14 +110,7 @@ class ToySayPolicy(Policy[ToySayConfig]):
     def __init__(self, config: ToySayConfig, context: PolicyContext) -> None:
         self.config, self.context = config, context
 
-    async def step(
-        self,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
-    ) -> PolicyDecision:
+    async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
         cfg = self.config
         request: dict[str, Any] = {
             "model": cfg.model or self.context.model,
@@ -130,12 +124,14 @@ class ToySayPolicy(Policy[ToySayConfig]):
         }
         if cfg.seed is not None:
             request["seed"] = cfg.seed
-        if dry_run:
+        if options.dry_run:
             return PolicyDecision(tool_calls=[], meta={"inference_request": request})
         pool = self.context.client_pool or openai_client.shared_pool()  # the service's, closed with it
         client = pool.get(cfg.inference_url or self.context.inference_url)
         try:
-            call = await client.chat(request, return_token_ids=record_logprobs, deadline_s=timeout_s)
+            call = await client.chat(
+                request, return_token_ids=options.record_logprobs, deadline_s=options.timeout_s
+            )
         except InferenceError as exc:
             return PolicyDecision(tool_calls=[], error=f"inference_{exc.kind}", error_detail=str(exc))
         message = call.response["choices"][0]["message"]

@@ -16,7 +16,8 @@ from envs.agent import (
     text_action_tool,
     text_actions,
 )
-from envs.base import InvalidAction, InvalidConfig, InvalidState, PluginConfig, PolicyContext, StepResult
+from envs.base import DRY_RUN, PluginConfig, PolicyContext, StepOptions, StepResult
+from envs.errors import InvalidAction, InvalidConfig, InvalidState
 from inference import InferenceClient
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.toy_tokenizer import token_id, tokenize
@@ -79,7 +80,7 @@ def agent(fake: FakeInferenceServer, client: InferenceClient | None, **config: A
 
 async def test_agentgym_conversation(fake: FakeInferenceServer, client: InferenceClient) -> None:
     policy = agent(fake, client, history_window=2)
-    dry = (await policy.step(observation("You are in the hall"), dry_run=True)).meta["inference_request"]
+    dry = (await policy.step(observation("You are in the hall"), DRY_RUN)).meta["inference_request"]
     assert "tools" not in dry and "tool_choice" not in dry
     assert dry["messages"] == [
         {"role": "user", "content": INSTRUCTION},
@@ -88,7 +89,7 @@ async def test_agentgym_conversation(fake: FakeInferenceServer, client: Inferenc
     ]
     replies = []
     for room in ("hall", "stairs", "attic"):
-        decision = await policy.step(observation(f"You are in the {room}"), record_logprobs=True)
+        decision = await policy.step(observation(f"You are in the {room}"), StepOptions(record_logprobs=True))
         assert decision.error is None, decision.error_detail
         (call,) = decision.tool_calls
         assert call["tool"] == TEXT_ACTION_TOOL and call["args"]["action"] in ("go north", "go east")
@@ -101,9 +102,9 @@ async def test_agentgym_conversation(fake: FakeInferenceServer, client: Inferenc
         assert len(llm.completion_logprobs or []) == len(llm.completion_token_ids)
         replies.append(reply)
         policy.observe_outcome(outcome("You moved"))
-    messages = (await policy.step(observation("You are in the kitchen"), dry_run=True)).meta[
-        "inference_request"
-    ]["messages"]
+    messages = (await policy.step(observation("You are in the kitchen"), DRY_RUN)).meta["inference_request"][
+        "messages"
+    ]
     assert [m["role"] for m in messages] == ["user", "assistant"] + ["user", "assistant"] * 2 + ["user"]
     assert [m["content"] for m in messages[2:]] == [
         "You are in the stairs",
@@ -140,7 +141,7 @@ async def test_tool_call_format_gives_the_same_call(
 ) -> None:
     fake.set_config(FakeConfig())
     policy = agent(fake, client, prompt_format="tool_calls")
-    request = (await policy.step(observation("hall"), dry_run=True)).meta["inference_request"]
+    request = (await policy.step(observation("hall"), DRY_RUN)).meta["inference_request"]
     assert request["messages"][0] == {"role": "system", "content": INSTRUCTION}
     assert request["tool_choice"] == {"type": "function", "function": {"name": TEXT_ACTION_TOOL}}
     reply = policy.parse_reply(
@@ -172,7 +173,7 @@ async def test_state_round_trip_and_config(fake: FakeInferenceServer, client: In
     restored.observe_outcome(outcome("moved"))
     policy.observe_outcome(outcome("moved"))
     same = observation("next")
-    assert (await restored.step(same, dry_run=True)).meta == (await policy.step(same, dry_run=True)).meta
+    assert (await restored.step(same, DRY_RUN)).meta == (await policy.step(same, DRY_RUN)).meta
     with pytest.raises(InvalidState):
         HouseAgent.from_state({**state, "policy": "crafter-react"}, policy.context)
 

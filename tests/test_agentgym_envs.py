@@ -11,7 +11,7 @@ os.environ.setdefault("SCIWORLD_JVMS", "1")
 
 from envs.babyai.env import BabyAIEnv  # noqa: E402
 from envs.babyai.levels import LEVELS  # noqa: E402
-from envs.base import EpisodeOver, InvalidAction, InvalidConfig, InvalidState  # noqa: E402
+from envs.errors import EpisodeOver, InvalidAction, InvalidConfig, InvalidState
 from envs.sciworld.env import SciWorldEnv  # noqa: E402
 from envs.sciworld.pool import Load, pool  # noqa: E402
 from envs.sciworld.tasks import EXCLUDED, TASKS, VARIATIONS  # noqa: E402

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+from typing import Any
+
+import httpx
 import pytest
 
-from grpo_service.client import AsyncTaskAppClient, ServiceCallError, TaskAppClient
+from grpo_service.client import (
+    AsyncTaskAppClient,
+    ServiceCallError,
+    ServiceRequest,
+    TaskAppClient,
+    acall,
+    call,
+)
 from grpo_service.models import RolloutGroupResponse, RolloutRequest, RolloutResponse
 from tools.server_thread import ServerThread
 
@@ -77,3 +89,52 @@ def test_unreachable_service_and_api_key(start_server) -> None:  # type: ignore[
     with TaskAppClient("http://127.0.0.1:9", attempts=1) as nowhere, pytest.raises(ServiceCallError) as down:
         nowhere.health()
     assert down.value.cause == "connect_error"
+
+
+class Flaky:
+    """An ASGI app that refuses the first ``refusals`` requests (503, ``Retry-After: 0``), then
+    answers ``{"n": <request count>}``; ``/slow`` answers after ``slow_s`` seconds."""
+
+    def __init__(self, refusals: int, slow_s: float = 1.0) -> None:
+        self.refusals, self.slow_s, self.requests = refusals, slow_s, 0
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        self.requests += 1
+        status, body = 200, json.dumps({"n": self.requests}).encode()
+        if scope["path"] == "/slow":
+            await asyncio.sleep(self.slow_s)
+        elif self.requests <= self.refusals:
+            status, body = 503, b'{"detail": "busy"}'
+        headers = [(b"content-type", b"application/json"), (b"retry-after", b"0")]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize("transport", ["sync", "async"])
+def test_refusals_are_retried_and_timeouts_are_not(transport: str) -> None:
+    flaky = Flaky(refusals=2)
+    with ServerThread(flaky, lifespan="off", name="flaky") as server:
+
+        def send(request: ServiceRequest) -> Any:
+            if transport == "sync":
+                with httpx.Client(base_url=server.base_url) as client:
+                    return call(client, request)
+
+            async def send_async() -> Any:
+                async with httpx.AsyncClient(base_url=server.base_url) as client:
+                    return await acall(client, request)
+
+            return asyncio.run(send_async())
+
+        assert send(ServiceRequest("GET", "/", attempts=3)) == {"n": 3}  # two 503s, then the answer
+        flaky.requests, flaky.refusals = 0, 1
+        with pytest.raises(ServiceCallError) as refused:
+            send(ServiceRequest("GET", "/", attempts=1))
+        assert refused.value.cause == "http_503" and flaky.requests == 1
+        with pytest.raises(ServiceCallError) as slow:
+            send(ServiceRequest("GET", "/slow", attempts=3, read_timeout_s=0.2))
+        assert slow.value.cause == "timeout" and flaky.requests == 2, (
+            "a timed-out request is never sent again"
+        )

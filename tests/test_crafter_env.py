@@ -18,13 +18,14 @@ import pytest
 from crafter import constants
 from PIL import Image
 
-from envs.base import EpisodeOver, InvalidAction, InvalidConfig, StepResult, environment_class
+from envs.base import StepResult, environment_class
 from envs.crafter import state
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS
 from envs.crafter.env import CrafterConfig, CrafterEnv
 from envs.crafter.observation import ITEMS, VITALS
 from envs.crafter.sim import SortedBalanceMixin
 from envs.crafter.worlds import WorldCache
+from envs.errors import EpisodeOver, InvalidAction, InvalidConfig
 
 REPO = Path(__file__).resolve().parent.parent
 MOVES = {"move_left": (-1, 0), "move_right": (1, 0), "move_up": (0, -1), "move_down": (0, 1)}

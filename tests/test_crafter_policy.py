@@ -4,37 +4,21 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import crafter.constants
 import pytest
 
-from envs.base import InvalidConfig, InvalidState, PolicyContext, StepResult
+from envs.base import DRY_RUN, PolicyContext, StepOptions, StepResult
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, TOOL_NAME
-from envs.crafter.policy import (
-    MAKE_COSTS,
-    PLACE_COSTS,
-    CrafterReActPolicy,
-    system_prompt,
-)
+from envs.crafter.policy import MAKE_COSTS, PLACE_COSTS, CrafterReActPolicy, system_prompt
+from envs.errors import InvalidConfig, InvalidState
 from inference import InferenceClient, shared_pool
 from tools.fake_server import FakeConfig, FakeInferenceServer
 
 SECRET = "sk-policy-secret-0123456789abcdef"
 OBS = {"text": "Step 0/10000. Health 9/9. Facing down: grass.", "status": {"health": 9}}
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeInferenceServer]:
-    with FakeInferenceServer(FakeConfig()) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def _reset(fake: FakeInferenceServer) -> None:
-    fake.set_config(FakeConfig())
-    fake.state.reset_stats()
 
 
 @pytest.fixture
@@ -80,7 +64,7 @@ async def test_dry_run_returns_the_request(context: PolicyContext) -> None:
     policy = make_policy(
         context, max_actions_per_call=3, seed=7, enable_thinking=False, extra_body={"top_k": 20}
     )
-    decision = await policy.step(OBS, dry_run=True)
+    decision = await policy.step(OBS, DRY_RUN)
     assert decision.tool_calls == [] and decision.error is None and decision.llm_call is None
     request = decision.meta["inference_request"]
     assert request["tool_choice"] == {"type": "function", "function": {"name": TOOL_NAME}}
@@ -101,7 +85,7 @@ async def test_system_prompt_override_and_model_discovery(
 ) -> None:
     no_model = PolicyContext(inference_url=context.inference_url)
     policy = make_policy(no_model, client, system_prompt="Be brief.")
-    dry = await policy.step(OBS, dry_run=True)
+    dry = await policy.step(OBS, DRY_RUN)
     assert dry.meta["inference_request"]["messages"][0]["content"] == "Be brief."
     assert dry.meta["inference_request"]["model"] is None  # a dry run asks nobody
     fake.set_config(FakeConfig(model="served-model"))
@@ -126,7 +110,7 @@ def test_config_is_strict(context: PolicyContext) -> None:
 async def test_step_returns_canonical_tool_call_and_tokens(context: PolicyContext) -> None:
     policy = make_policy(context)  # no injected client: uses the shared pool
     try:
-        decision = await policy.step(OBS, record_logprobs=True)
+        decision = await policy.step(OBS, StepOptions(record_logprobs=True))
     finally:
         await shared_pool().aclose()
     assert decision.error is None
@@ -169,7 +153,7 @@ async def test_each_fault_becomes_a_decision_error(
 ) -> None:
     fake.set_config(FakeConfig(fault_probs={fault: 1.0}, timeout_fault_s=5, retry_after_s=0.01))
     policy = make_policy(context, client)
-    decision = await policy.step(OBS, record_logprobs=True, timeout_s=0.5)
+    decision = await policy.step(OBS, StepOptions(record_logprobs=True, timeout_s=0.5))
     assert decision.error == error, decision.error_detail
     assert decision.error_detail and decision.llm_call is not None
     if fault == "invalid_action":
@@ -189,7 +173,7 @@ async def test_connection_refused_is_a_decision_error(context: PolicyContext) ->
         port = sock.getsockname()[1]
     client = InferenceClient(f"http://127.0.0.1:{port}", max_retries=1, backoff_base_s=0.01)
     try:
-        decision = await make_policy(context, client).step(OBS, timeout_s=2)
+        decision = await make_policy(context, client).step(OBS, StepOptions(timeout_s=2))
     finally:
         await client.aclose()
     assert decision.error == "inference_connection_error"
@@ -238,7 +222,7 @@ async def test_history_window_is_bounded(context: PolicyContext, client: Inferen
         assert decision.error is None
         policy.observe_outcome(outcome(reward=1.0, unlocked=["collect_wood"]))
     assert len(policy.history) == 2
-    request = (await policy.step({"text": "now"}, dry_run=True)).meta["inference_request"]
+    request = (await policy.step({"text": "now"}, DRY_RUN)).meta["inference_request"]
     roles = [m["role"] for m in request["messages"]]
     assert roles == ["system", "user", "assistant", "tool", "user", "assistant", "tool", "user"]
     assert [m["content"] for m in request["messages"] if m["role"] == "user"] == [
@@ -268,8 +252,8 @@ async def test_state_round_trip(context: PolicyContext, client: InferenceClient)
     policy.observe_outcome(after)
     restored.observe_outcome(after)
     same = {"text": "next"}
-    original_request = (await policy.step(same, dry_run=True)).meta["inference_request"]
-    assert (await restored.step(same, dry_run=True)).meta["inference_request"] == original_request
+    original_request = (await policy.step(same, DRY_RUN)).meta["inference_request"]
+    assert (await restored.step(same, DRY_RUN)).meta["inference_request"] == original_request
 
     for bad in (
         {**state, "version": 2},
@@ -291,7 +275,7 @@ async def test_api_key_never_leaks(context: PolicyContext, fake: FakeInferenceSe
     finally:
         await shared_pool().aclose()
     assert denied.error == "inference_auth_error"
-    dry = await policy.step(OBS, dry_run=True)
+    dry = await policy.step(OBS, DRY_RUN)
     texts = [
         json.dumps(policy.get_state()),
         json.dumps(dry.meta),
@@ -324,6 +308,6 @@ async def test_plays_the_real_env(context: PolicyContext, client: InferenceClien
         assert decision.error is None
         result = env.step(env.actions_from_tool_calls(decision.tool_calls))
         policy.observe_outcome(result)
-    request = (await policy.step(result.observation, dry_run=True)).meta["inference_request"]
+    request = (await policy.step(result.observation, DRY_RUN)).meta["inference_request"]
     assert request["messages"][-1]["content"] == result.observation["text"]
     assert len(policy.history) == 3

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from envs.base import InvalidState, PolicyContext
+from envs.base import DRY_RUN, PolicyContext
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, TOOL_NAME
 from envs.crafter.baselines import CrafterHeuristicPolicy, CrafterRandomPolicy
 from envs.crafter.env import CrafterEnv
+from envs.errors import InvalidState
 
 CTX = PolicyContext()
 ITEMS = ("sapling", "wood", "stone", "coal", "iron", "diamond")
@@ -33,7 +34,7 @@ async def test_random_is_seeded_and_snapshotable() -> None:
     assert first == [actions_of(await b.step({})) for _ in range(3)]
     assert all(len(x) == 3 and set(x) <= set(ACTIONS) for x in first)
 
-    preview = await a.step({}, dry_run=True)
+    preview = await a.step({}, DRY_RUN)
     assert preview.tool_calls == [] and preview.meta["dry_run"]
     state = json.loads(json.dumps(a.get_state()))
     restored = CrafterRandomPolicy.from_state(state, CTX)

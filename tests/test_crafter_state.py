@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from envs.base import EpisodeOver, InvalidState
 from envs.crafter import state
 from envs.crafter.env import CRAFTER_VERSION, CrafterEnv
 from envs.crafter.worlds import WorldCache
+from envs.errors import EpisodeOver, InvalidState
 from tests.test_crafter_env import make_env, make_immortal, random_calls
 
 _ENVELOPE = len(state.MAGIC) + 2

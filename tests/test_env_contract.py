@@ -34,6 +34,11 @@ class Script:
     bad_seed: int | None = None  # a seed out of the env's range
 
 
+def text_game(seed: int, actions: list[Any], *, bad_action: Any, bad_seed: int | None = None) -> Script:
+    """A text game's script: its scripted solver (the ``oracle`` policy) plays it."""
+    return Script(seed, actions, {"policy_name": "oracle"}, {"oracle": True}, bad_action, bad_seed)
+
+
 SCRIPTS: dict[str, Script] = {
     "crafter": Script(
         seed=5,
@@ -41,38 +46,20 @@ SCRIPTS: dict[str, Script] = {
         policy={"policy_name": "crafter-random", "config": {"seed": 1}},
         bad_action="fly",
     ),
-    "textcraft": Script(
-        seed=3,
-        actions=[
-            "inventory",
-            "get 1 oak logs",
-            "craft 4 oak planks using 1 oak logs",
-            "inventory",
-            "get 2 x",
-        ],
-        policy={"policy_name": "oracle"},
-        config={"oracle": True},
+    "textcraft": text_game(
+        3,
+        ["inventory", "get 1 oak logs", "craft 4 oak planks using 1 oak logs", "inventory", "get 2 x"],
         bad_action=7,
         bad_seed=10_000,
     ),
-    "babyai": Script(
-        seed=41,
-        actions=["turn left", "move forward", 1, "check available actions", "go to grey ball 1", "jump"],
-        policy={"policy_name": "oracle"},
-        config={"oracle": True},
+    "babyai": text_game(
+        41,
+        ["turn left", "move forward", 1, "check available actions", "go to grey ball 1", "jump"],
         bad_action=9,
     ),
-    "sciworld": Script(
-        seed=0,
-        actions=[
-            "open door to kitchen",
-            "go to kitchen",
-            "look at stove",
-            "pick up thermometer",
-            "inventory",
-        ],
-        policy={"policy_name": "oracle"},
-        config={"oracle": True},
+    "sciworld": text_game(
+        0,
+        ["open door to kitchen", "go to kitchen", "look at stove", "pick up thermometer", "inventory"],
         bad_action=3,
         bad_seed=4639,
     ),

@@ -157,7 +157,9 @@ def test_validation_catches_what_fine_tuning_would_reject() -> None:
     assert validate_example(ex) == ["last_not_tool_call"]  # offered tools, it must call one
     ex["messages"][-1] = {"role": "user", "content": "u3"}
     assert validate_example(ex) == ["last_not_assistant"]
-    text_format = {"messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "Action: go"}]}
+    text_format = {
+        "messages": [{"role": "user", "content": "u"}, {"role": "assistant", "content": "Action: go"}]
+    }
     assert validate_example(text_format) == []  # agentgym's format: the reply is text
     text_format["messages"][-1]["content"] = " "
     assert validate_example(text_format) == ["last_reply_empty"]

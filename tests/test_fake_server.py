@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -18,16 +17,9 @@ from tools.toy_tokenizer import encode, encode_chat, render_chat, token_id, toke
 MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user", "content": "Tree ahead."}]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeInferenceServer]:
-    with FakeInferenceServer(FakeConfig()) as srv:
-        yield srv
-
-
-@pytest.fixture(autouse=True)
-def _reset(server: FakeInferenceServer) -> None:
-    server.set_config(FakeConfig())
-    server.state.reset_stats()
+@pytest.fixture
+def server(fake: FakeInferenceServer) -> FakeInferenceServer:
+    return fake
 
 
 def chat_body(**extra: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -30,16 +30,23 @@ MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user",
 REQUEST: dict[str, Any] = {"model": "fake-model", "messages": MESSAGES, "tools": [TOOL_SCHEMA]}
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[FakeInferenceServer]:
-    with FakeInferenceServer(FakeConfig()) as srv:
-        yield srv
+@pytest.fixture
+def server(fake: FakeInferenceServer) -> FakeInferenceServer:
+    return fake
 
 
-@pytest.fixture(autouse=True)
-def _reset(server: FakeInferenceServer) -> None:
-    server.set_config(FakeConfig())
-    server.state.reset_stats()
+async def failed_chat(
+    base_url: str, api_key: str | None = None, *, deadline_s: float | None = None, **options: Any
+) -> tuple[InferenceError, float]:
+    """The error of a chat that must fail (a fresh client with ``options``), and the seconds it took."""
+    client = InferenceClient(base_url, api_key, **options)
+    started = time.monotonic()
+    try:
+        with pytest.raises(InferenceError) as info:
+            await client.chat(REQUEST, deadline_s=deadline_s)
+    finally:
+        await client.aclose()
+    return info.value, time.monotonic() - started
 
 
 @pytest.fixture
@@ -173,13 +180,7 @@ async def test_not_retried(
 async def test_auth_error_never_leaks_the_key(server: FakeInferenceServer) -> None:
     secret = "sk-live-0123456789abcdefSECRET"
     server.set_config(FakeConfig(api_key="sk-the-right-one"))
-    client = InferenceClient(server.base_url, secret, max_retries=3)
-    try:
-        with pytest.raises(InferenceError) as info:
-            await client.chat(REQUEST)
-    finally:
-        await client.aclose()
-    error = info.value
+    error, _ = await failed_chat(server.base_url, secret, max_retries=3)
     assert error.kind == "auth_error" and error.attempts == 1
     for text in (str(error), repr(error), error.detail, repr(client)):
         assert secret not in text and secret[:12] not in text
@@ -222,30 +223,20 @@ async def test_per_attempt_timeout_then_success(server: FakeInferenceServer) -> 
 
 async def test_backoff_never_overshoots_the_deadline(server: FakeInferenceServer) -> None:
     server.set_config(FakeConfig(fault_probs={"http_503": 1.0}))
-    client = InferenceClient(server.base_url, backoff_base_s=2.0, max_retries=5)
-    started = time.monotonic()
-    try:
-        with pytest.raises(InferenceError) as info:
-            await client.chat(REQUEST, deadline_s=0.5)
-    finally:
-        await client.aclose()
-    assert info.value.kind == "server_error" and info.value.attempts == 1
-    assert time.monotonic() - started < 0.5
+    error, took_s = await failed_chat(server.base_url, deadline_s=0.5, backoff_base_s=2.0, max_retries=5)
+    assert error.kind == "server_error" and error.attempts == 1
+    assert took_s < 0.5
 
 
 async def test_connection_refused_fails_fast() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    client = InferenceClient(f"http://127.0.0.1:{port}", max_retries=2, backoff_base_s=0.01)
-    started = time.monotonic()
-    try:
-        with pytest.raises(InferenceError) as info:
-            await client.chat(REQUEST, deadline_s=5)
-    finally:
-        await client.aclose()
-    assert info.value.kind == "connection_error" and info.value.attempts == 3
-    assert time.monotonic() - started < 1.0
+    error, took_s = await failed_chat(
+        f"http://127.0.0.1:{port}", deadline_s=5, max_retries=2, backoff_base_s=0.01
+    )
+    assert error.kind == "connection_error" and error.attempts == 3
+    assert took_s < 1.0
 
 
 async def test_pool_shares_clients(server: FakeInferenceServer) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("SCIWORLD_JVMS", "1")
 
-from envs.base import POLICIES, PolicyContext  # noqa: E402
+from envs.base import DRY_RUN, POLICIES, PolicyContext  # noqa: E402
 from envs.text_game import TOOL_NAME  # noqa: E402
 from tests.conftest import MODEL  # noqa: E402
 from tests.test_batch_rollouts import traced_sessions  # noqa: E402
@@ -38,13 +38,13 @@ async def test_agent_builds_agentgyms_conversation_and_the_act_tool(game: str) -
     assert cls.env_name == game and cls.uses_inference
     policy = cls.create({"model": "m"}, PolicyContext())
     observation = {"text": "You see a door."}
-    request = (await policy.step(observation, dry_run=True)).meta["inference_request"]
+    request = (await policy.step(observation, DRY_RUN)).meta["inference_request"]
     messages = request["messages"]
     assert [m["role"] for m in messages] == ["user", "assistant", "user"]
     assert messages[1]["content"] == "OK. I'll follow your instructions and try my best to solve the task."
     assert messages[2]["content"] == "You see a door." and "tools" not in request
     tools = cls.create({"model": "m", "prompt_format": "tool_calls"}, PolicyContext())
-    request = (await tools.step(observation, dry_run=True)).meta["inference_request"]
+    request = (await tools.step(observation, DRY_RUN)).meta["inference_request"]
     assert [t["function"]["name"] for t in request["tools"]] == [TOOL_NAME]
 
 
@@ -145,7 +145,9 @@ def test_oracle_teacher_traces_the_agents_prompts_and_exports_them_as_sft_data(
         # Without the env's oracle there is nothing to teach: a policy error, not a guess.
         no_oracle = client.post("/rollout/group", json={**body, "env": {"env_name": game, "seed": task}})
         assert no_oracle.json()["members"][0]["result"]["stop_reason"] == "policy_error:no_oracle_action"
-        r = client.post("/policy/create", json={"policy_name": "crafter-react", "config": {"teacher": "oracle"}})
+        r = client.post(
+            "/policy/create", json={"policy_name": "crafter-react", "config": {"teacher": "oracle"}}
+        )
         assert r.status_code == 422 and "text action space" in r.text
     traced_sessions(db, 2)
     report = export_sft(db, tmp_path / "sft.jsonl", ExportFilters(model="oracle"))

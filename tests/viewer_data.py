@@ -11,12 +11,9 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from grpo_service import Settings, create_app
 from tools.fake_server import FakeConfig, FakeInferenceServer
-from tools.server_thread import ServerThread
 from tools.synthetic_traces import write_synthetic_db
+from tools.task_app import recording_task_app
 
 MODEL = "fake-qwen3"
 GROUP_SEED = 5
@@ -27,66 +24,42 @@ def record_real_db(
     path: Path, state_dir: Path, *, group_turns: int = 40, llm_turns: int = 12
 ) -> dict[str, Any]:
     """Record real rollouts into ``path``; return what was played (run ids, group id)."""
-    with FakeInferenceServer(FakeConfig(model=MODEL)) as llm:
-        settings = Settings(
-            _env_file=None,
-            state_dir=state_dir,
-            snapshot_secret="viewer-test-" + "x" * 32,
+    with (
+        FakeInferenceServer(FakeConfig(model=MODEL)) as llm,
+        recording_task_app(
+            path,
+            state_dir,
+            name="viewer-recorder",
+            timeout_s=120,
             default_model=MODEL,
             vllm_base_url=llm.base_url,
-            trace_db=path,
-            reaper_interval_s=3600.0,
+        ) as app,
+    ):
+        app.rollout_group(
+            group_id="viewer-group",
+            group_size=GROUP_SIZE,
+            env={"env_name": "crafter", "seed": GROUP_SEED},
+            policy={"policy_name": "crafter-random", "config": {"seed": 1}},
+            vary_policy_seed=True,
+            max_turns=group_turns,
         )
-        server = ServerThread(create_app(settings), name="viewer-recorder").start()
-        try:
-            with httpx.Client(base_url=server.base_url, timeout=120) as client:
-                group = client.post(
-                    "/rollout/group",
-                    json={
-                        "group_id": "viewer-group",
-                        "group_size": GROUP_SIZE,
-                        "env": {"env_name": "crafter", "seed": GROUP_SEED},
-                        "policy": {"policy_name": "crafter-random", "config": {"seed": 1}},
-                        "vary_policy_seed": True,
-                        "max_turns": group_turns,
-                    },
-                )
-                group.raise_for_status()
-                for seed in (1, 2):
-                    r = client.post(
-                        "/rollout",
-                        json={
-                            "run_id": f"viewer-llm-{seed}",
-                            "env": {"env_name": "crafter", "seed": seed},
-                            "policy": {"policy_name": "crafter-react", "config": {"model": MODEL}},
-                            "max_turns": llm_turns,
-                            "record": {"logprobs": True},
-                        },
-                    )
-                    r.raise_for_status()
-                heuristic = client.post(
-                    "/rollout",
-                    json={
-                        "run_id": "viewer-heuristic",
-                        "env": {"env_name": "crafter", "seed": 3},
-                        "policy": {"policy_name": "crafter-heuristic"},
-                        "max_turns": 60,
-                    },
-                )
-                heuristic.raise_for_status()
-                llm.set_config(FakeConfig(model=MODEL, fault_script=["ok", "ok", "ok", "no_tool_call"]))
-                failed = client.post(
-                    "/rollout",
-                    json={
-                        "run_id": "viewer-policy-error",
-                        "env": {"env_name": "crafter", "seed": 4},
-                        "policy": {"policy_name": "crafter-react", "config": {"model": MODEL}},
-                        "max_turns": llm_turns,
-                    },
-                )
-                failed.raise_for_status()
-        finally:
-            server.stop()  # closes the trace writer: every rollout is in the file
+        react = {"policy_name": "crafter-react", "config": {"model": MODEL}}
+        for seed in (1, 2):
+            env = {"env_name": "crafter", "seed": seed}
+            app.rollout(
+                run_id=f"viewer-llm-{seed}",
+                env=env,
+                policy=react,
+                max_turns=llm_turns,
+                record={"logprobs": True},
+            )
+        heuristic = {"policy_name": "crafter-heuristic"}
+        app.rollout(
+            run_id="viewer-heuristic", env={"env_name": "crafter", "seed": 3}, policy=heuristic, max_turns=60
+        )
+        llm.set_config(FakeConfig(model=MODEL, fault_script=["ok", "ok", "ok", "no_tool_call"]))
+        env = {"env_name": "crafter", "seed": 4}
+        app.rollout(run_id="viewer-policy-error", env=env, policy=react, max_turns=llm_turns)
     return {
         "group_id": "viewer-group",
         "llm_runs": ["viewer-llm-1", "viewer-llm-2"],

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from envs.base import InvalidAction
+from envs.errors import InvalidAction
 from inference.tool_calls import canonical_tool_call, wire_tool_call
 
 PromptFormatName = Literal["tool_calls", "agentgym"]

@@ -25,7 +25,7 @@ import urllib.parse
 from collections import deque
 from typing import Any, ClassVar, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from envs.agent.formats import (
     TEXT_ACTION_TOOL,
@@ -35,15 +35,8 @@ from envs.agent.formats import (
     ToolCallFormat,
     Turn,
 )
-from envs.base import (
-    InvalidConfig,
-    InvalidState,
-    PluginConfig,
-    Policy,
-    PolicyContext,
-    PolicyDecision,
-    StepResult,
-)
+from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, StepResult
+from envs.errors import InvalidConfig, InvalidState
 from inference import openai_client
 from inference.calls import LLMCall
 from inference.completions import chat_choice
@@ -111,11 +104,6 @@ class _State(BaseModel):
     history: list[Turn]
     turn_index: int = Field(ge=0)
     pending: Turn | None = None
-
-
-def _problems(exc: ValidationError) -> str:
-    # Locations and messages only: never echo input values (they could hold secrets).
-    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False))
 
 
 class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
@@ -259,21 +247,14 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
 
     # ---- step ------------------------------------------------------------------------------
 
-    async def step(
-        self,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
-    ) -> PolicyDecision:
+    async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
         request = self.build_request(observation)
         meta: dict[str, Any] = {
             "model": self.model,
             "inference_url": self.inference_url,
             "turn_index": self.turn_index,
         }
-        if dry_run:
+        if options.dry_run:
             return PolicyDecision(tool_calls=[], meta={**meta, "inference_request": request, "dry_run": True})
         if self.config.teacher == "oracle":
             return self._oracle_step(observation, request, meta)
@@ -291,10 +272,12 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         started = time.monotonic()
         client = self._client()
         try:
-            call = await client.chat(request, return_token_ids=record_logprobs, deadline_s=timeout_s)
+            call = await client.chat(
+                request, return_token_ids=options.record_logprobs, deadline_s=options.timeout_s
+            )
         except InferenceError as exc:
             latency_ms = (time.monotonic() - started) * 1000.0
-            sent = client.prepare_request(request, return_token_ids=record_logprobs)
+            sent = client.prepare_request(request, return_token_ids=options.record_logprobs)
             failed = LLMCall(
                 request=sent, response=None, latency_ms=latency_ms, attempts=exc.attempts, error=str(exc)
             )
@@ -405,13 +388,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
     @classmethod
     def from_state(cls, state: dict[str, Any], context: PolicyContext) -> LLMAgent[Any]:
         """Rebuild from ``get_state()``; API keys are never stored, so the context's key is used."""
-        try:
-            parsed = _State.model_validate(state)
-            config = cls.config_model.model_validate(parsed.config)
-        except ValidationError as exc:
-            raise InvalidState(f"invalid {cls.name} state: {_problems(exc)}") from None
-        if parsed.policy != cls.name:
-            raise InvalidState(f"a {parsed.policy!r} state cannot restore a {cls.name!r} policy")
+        parsed, config = cls.validated_state(_State, state)
         try:
             policy = cls(config, context)  # type: ignore[arg-type]
         except InvalidConfig as exc:

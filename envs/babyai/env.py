@@ -26,7 +26,8 @@ from pydantic import Field
 
 from envs.babyai import levels
 from envs.babyai.view import DONE, PRIMITIVES, View, available_actions_text, describe
-from envs.base import Frame, InvalidAction, InvalidState, register_environment
+from envs.base import Frame, register_environment
+from envs.errors import InvalidAction, InvalidState
 from envs.text_game import MAX_ACTION_CHARS, TextGameConfig, TextGameEnv
 
 MAX_REPLAY_STEPS = 100_000

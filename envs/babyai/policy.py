@@ -1,7 +1,4 @@
-"""``babyai-agent``: the LLM agent playing BabyAI.
-
-A configuration of `envs.text_agent.TextGameAgent`.
-"""
+"""``babyai-agent``: the LLM agent playing BabyAI: a `TextGameAgent` configuration."""
 
 from __future__ import annotations
 
@@ -11,10 +8,7 @@ from envs.text_agent import TextGameAgent
 
 
 @register_policy
-class BabyAIAgent(TextGameAgent):
-    name = "babyai-agent"
-    env_name = "babyai"
-    description = "LLM agent for BabyAI: AgentGym's conversation ('Action: ...' replies) or the 'act' tool."
+class BabyAIAgent(TextGameAgent, game="babyai", title="BabyAI"):
     instruction = INSTRUCTION
     action_help = 'One BabyAI action from the available actions, e.g. "go to red ball 1" or "turn left".'
     clean_symbols = True

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from envs.base import InvalidAction
+from envs.errors import InvalidAction
 from inference.tool_calls import canonical_tool_call
 
 # Crafter 1.8.3's `data.yaml` order; the index is the integer action id.

@@ -17,15 +17,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from envs.base import (
-    InvalidState,
-    PluginConfig,
-    Policy,
-    PolicyContext,
-    PolicyDecision,
-    register_policy,
-)
+from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, register_policy
 from envs.crafter.actions import ACTIONS, MAX_ACTIONS_PER_CALL, TOOL_NAME
+from envs.errors import InvalidState, validation_problems
 
 STATE_VERSION = 1
 
@@ -51,10 +45,6 @@ def _rng_from_json(data: Any) -> random.Random:
     except (TypeError, ValueError) as exc:
         raise InvalidState(f"invalid RNG state: {exc}") from None
     return rng
-
-
-def _state_problem(exc: ValidationError) -> str:
-    return "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors(include_input=False))
 
 
 Point = tuple[int, int]
@@ -115,13 +105,7 @@ class _SeededBaseline(Policy[Any]):
 
     @classmethod
     def from_state(cls, state: dict[str, Any], context: PolicyContext) -> Policy:
-        try:
-            parsed = _BaselineState.model_validate(state)
-            config = cls.config_model.model_validate(parsed.config)
-        except ValidationError as exc:
-            raise InvalidState(f"invalid {cls.name} state: {_state_problem(exc)}") from None
-        if parsed.policy != cls.name:
-            raise InvalidState(f"state is for policy {parsed.policy!r}, not {cls.name!r}")
+        parsed, config = cls.validated_state(_BaselineState, state)
         policy = cls(config, context)
         policy.rng = _rng_from_json(parsed.rng)
         policy.turn_index = parsed.turn_index
@@ -147,16 +131,9 @@ class CrafterRandomPolicy(_SeededBaseline):
     description: ClassVar[str] = "Uniformly random actions (a baseline; no LLM)."
     config: RandomConfig
 
-    async def step(
-        self,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
-    ) -> PolicyDecision:
+    async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
         meta: dict[str, Any] = {"turn_index": self.turn_index}
-        if dry_run:  # a preview that leaves the RNG untouched
+        if options.dry_run:  # a preview that leaves the RNG untouched
             preview = random.Random()
             preview.setstate(self.rng.getstate())
             actions = [preview.choice(ACTIONS) for _ in range(self.config.actions_per_call)]
@@ -493,15 +470,8 @@ class CrafterHeuristicPolicy(_SeededBaseline):
         super().__init__(config, context)
         self.memory: dict[str, Any] = {}
 
-    async def step(
-        self,
-        observation: dict[str, Any],
-        *,
-        dry_run: bool = False,
-        record_logprobs: bool = False,
-        timeout_s: float | None = None,
-    ) -> PolicyDecision:
-        return self.decide(observation, dry_run=dry_run)
+    async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
+        return self.decide(observation, dry_run=options.dry_run)
 
     def decide(self, observation: dict[str, Any], *, dry_run: bool = False) -> PolicyDecision:
         """Synchronous core of ``step`` (handy for scripts and tests)."""
@@ -532,5 +502,5 @@ class CrafterHeuristicPolicy(_SeededBaseline):
         try:
             memory = _HeuristicMemory.model_validate(parsed.memory)
         except ValidationError as exc:
-            raise InvalidState(f"invalid {self.name} memory: {_state_problem(exc)}") from None
+            raise InvalidState(f"invalid {self.name} memory: {validation_problems(exc)}") from None
         self.memory = memory.model_dump(mode="json", exclude_unset=True)

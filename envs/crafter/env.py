@@ -17,23 +17,13 @@ from typing import Any
 
 from pydantic import Field, ValidationError
 
-from envs.base import (
-    Environment,
-    EpisodeOutcome,
-    EpisodeOver,
-    Frame,
-    InvalidAction,
-    InvalidConfig,
-    InvalidState,
-    PluginConfig,
-    StepResult,
-    register_environment,
-)
+from envs.base import Environment, EpisodeOutcome, Frame, PluginConfig, StepResult, register_environment
 from envs.crafter import state
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, action_index, actions_from_tool_calls
 from envs.crafter.observation import build_observation
 from envs.crafter.sim import DeterministicCrafter
 from envs.crafter.worlds import WorldCache, default_world_cache
+from envs.errors import EpisodeOver, InvalidAction, InvalidConfig, InvalidState
 
 CRAFTER_VERSION = importlib.metadata.version("crafter")
 MAX_STEPS = 10_000

@@ -28,9 +28,9 @@ import numpy as np
 from crafter import constants, objects
 from PIL import Image
 
-from envs.base import InvalidState
 from envs.crafter.actions import ACHIEVEMENTS
 from envs.crafter.sim import OBJECT_NAMES, DeterministicCrafter
+from envs.errors import InvalidState
 
 FORMAT_VERSION = 1
 MAGIC = b"CRFTSNAP"

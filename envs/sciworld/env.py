@@ -20,7 +20,8 @@ from typing import Any
 
 from pydantic import Field
 
-from envs.base import EpisodeOutcome, InvalidState, register_environment
+from envs.base import EpisodeOutcome, register_environment
+from envs.errors import InvalidState
 from envs.sciworld.pool import Load, Simulator, pool
 from envs.sciworld.tasks import TASKS
 from envs.text_game import TextGameConfig, TextGameEnv

@@ -1,7 +1,4 @@
-"""``sciworld-agent``: the LLM agent playing SciWorld.
-
-A configuration of `envs.text_agent.TextGameAgent`.
-"""
+"""``sciworld-agent``: the LLM agent playing SciWorld: a `TextGameAgent` configuration."""
 
 from __future__ import annotations
 
@@ -11,10 +8,7 @@ from envs.text_agent import TextGameAgent
 
 
 @register_policy
-class SciWorldAgent(TextGameAgent):
-    name = "sciworld-agent"
-    env_name = "sciworld"
-    description = "LLM agent for SciWorld: AgentGym's conversation ('Action: ...' replies) or the 'act' tool."
+class SciWorldAgent(TextGameAgent, game="sciworld", title="SciWorld"):
     instruction = INSTRUCTION
     action_help = (
         'One ScienceWorld command, e.g. "open door to kitchen" or "focus on substance in metal pot".'

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import EnvBusy
+from envs.errors import EnvBusy
 
 log = logging.getLogger(__name__)
 

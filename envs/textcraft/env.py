@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from envs.base import InvalidConfig, InvalidState, register_environment
+from envs.base import register_environment
+from envs.errors import InvalidConfig, InvalidState
 from envs.text_game import TextGameConfig, TextGameEnv
 from envs.textcraft.game import Game, task_text
 from envs.textcraft.planner import Planner

@@ -1,7 +1,4 @@
-"""``textcraft-agent``: the LLM agent playing TextCraft.
-
-A configuration of `envs.text_agent.TextGameAgent`.
-"""
+"""``textcraft-agent``: the LLM agent playing TextCraft: a `TextGameAgent` configuration."""
 
 from __future__ import annotations
 
@@ -11,12 +8,7 @@ from envs.textcraft.prompt import INSTRUCTION
 
 
 @register_policy
-class TextCraftAgent(TextGameAgent):
-    name = "textcraft-agent"
-    env_name = "textcraft"
-    description = (
-        "LLM agent for TextCraft: AgentGym's conversation ('Action: ...' replies) or the 'act' tool."
-    )
+class TextCraftAgent(TextGameAgent, game="textcraft", title="TextCraft"):
     instruction = INSTRUCTION
     action_help = 'One TextCraft command: "get N item", "craft N item using N item, ...", or "inventory".'
     clean_symbols = True

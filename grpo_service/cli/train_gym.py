@@ -158,11 +158,11 @@ def jobs_command(
     import httpx
     from rich.table import Table
 
-    from grpo_service.client import ServiceCallError, call, headers, timeout
+    from grpo_service.client import ServiceCallError, ServiceRequest, call, headers, timeout
 
     try:
         with httpx.Client(base_url=base_url, headers=headers(api_key), timeout=timeout(10.0)) as client:
-            body = call(client, "GET", "/training/jobs")
+            body = call(client, ServiceRequest("GET", "/training/jobs"))
     except ServiceCallError as exc:
         console.print(f"[red]cannot list jobs at {base_url}:[/] {exc}")
         raise typer.Exit(2) from None

@@ -285,13 +285,7 @@ def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) ->
         run_id=run_id,
         env=RolloutEnvSpec(env_id="adopted"),
         policy=RolloutPolicySpec(policy_name=req.policy.policy_name, config=config),
-        ops=req.ops,
-        max_turns=req.max_turns,
-        on_done=req.on_done,
-        record=req.record,
-        safety=req.safety,
-        rl_run_id=req.rl_run_id,
-        mode=req.mode,
+        **req.plan(),
     )
 
 

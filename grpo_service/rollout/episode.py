@@ -15,7 +15,8 @@ import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from envs.base import PluginError, StepResult
+from envs.base import StepOptions, StepResult
+from envs.errors import PluginError
 from grpo_service.environments import EnvManager
 from grpo_service.errors import Conflict, NotFound, ServiceError
 from grpo_service.models import RolloutRequest
@@ -143,9 +144,8 @@ class EpisodeLoop:
         started = time.monotonic()
         timeout = min(self.llm_timeout_s, max(0.001, self.deadline - started))
         assert self.policy is not None
-        step = self.policies.step(
-            self.policy, self._current.observation, record_logprobs=self.with_tokens, timeout_s=timeout
-        )
+        options = StepOptions(record_logprobs=self.with_tokens, timeout_s=timeout)
+        step = self.policies.step(self.policy, self._current.observation, options)
         decision = await self._guarded(step)
         self.run.llm_s += time.monotonic() - started
         self._pending = DecisionTrace(

@@ -39,6 +39,10 @@ def records_tokens(req: RolloutRequest) -> bool:
     return req.record.logprobs if req.record.logprobs is not None else req.mode == "rl"
 
 
+# What a record without tokens leaves out: the server's token ids and logprobs.
+TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+
+
 def strip_images(observation: dict[str, Any]) -> dict[str, Any]:
     if not any(k in observation for k in IMAGE_KEYS):
         return observation
@@ -48,18 +52,10 @@ def strip_images(observation: dict[str, Any]) -> dict[str, Any]:
 def llm_record(call: LLMCall | None, with_tokens: bool) -> LLMCallRecord | None:
     if call is None:
         return None
-    return LLMCallRecord(
-        model=call.model,
-        latency_ms=call.latency_ms,
-        attempts=call.attempts,
-        finish_reason=call.finish_reason,
-        usage=call.usage,
-        prompt_token_ids=call.prompt_token_ids if with_tokens else None,
-        completion_token_ids=call.completion_token_ids if with_tokens else None,
-        completion_logprobs=call.completion_logprobs if with_tokens else None,
-        error=call.error,
-        weights_version=call.weights_version,
-    )
+    record = LLMCallRecord.model_validate(call, from_attributes=True)
+    if with_tokens:
+        return record
+    return record.model_copy(update=dict.fromkeys(TOKEN_FIELDS))
 
 
 def step_record(d: DecisionTrace, record: RolloutRecordConfig, with_tokens: bool) -> RolloutStep:

@@ -20,6 +20,7 @@ Ids are per process: serve with one worker (``--workers 1``) when AgentGym's cli
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
-from envs.base import PluginError, StepResult
+from envs.base import StepResult
+from envs.errors import PluginError
 from grpo_service.auth import require_api_key
 from grpo_service.deps import Services
 from grpo_service.errors import ServiceError, error_body
@@ -131,6 +133,31 @@ class Game:
     async def step(self, idx: int, session: Session, action: str) -> StepResult:
         return await self.services.envs.step(self.env_id(idx, session), actions=[action])
 
+    async def begin(
+        self, idx: int, data_idx: int, reply: Callable[[StepResult], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Task ``data_idx`` in session ``idx``: the game's reply to its start (which also
+        becomes the session's ``/detail``)."""
+        session = self.session(idx, allow_done=True)
+        payload = reply(await self.start(session, data_idx))
+        session.info.update(payload)
+        return payload
+
+    async def play(
+        self,
+        idx: int,
+        action: str,
+        reply: Callable[[StepResult], dict[str, Any]],
+        *,
+        allow_done: bool = False,
+    ) -> tuple[Session, dict[str, Any]]:
+        """One action in session ``idx``: the session and the game's reply to it (which also
+        becomes the session's ``/detail``)."""
+        session = self.session(idx, allow_done=allow_done)
+        payload = reply(await self.step(idx, session, action))
+        session.info.update(payload)
+        return session, payload
+
     async def observe(self, idx: int, session: Session) -> StepResult:
         return await self.services.envs.query(self.env_id(idx, session), lambda env: env.observe())
 
@@ -141,6 +168,16 @@ class Game:
         if session.env_id is not None:
             await self.services.envs.terminate(session.env_id)
             session.env_id = None
+
+
+def agentgym_answer(handler: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    """A route answering in AgentGym's error style (see `answer`)."""
+
+    @functools.wraps(handler)
+    async def route(*args: Any, **kwargs: Any) -> Any:
+        return await answer(handler(*args, **kwargs))
+
+    return route
 
 
 async def answer(work: Awaitable[Any]) -> Any:
@@ -155,93 +192,107 @@ async def answer(work: Awaitable[Any]) -> Any:
         return {"error": str(exc)}
 
 
-# --------------------------------------------------------------------------------- TextCraft
+# How a game's server answers a start or a step (AgentGym's clients read exactly these shapes).
+Reply = Callable[[StepResult], dict[str, Any]]
 
 
-def textcraft_routes(game: Game) -> APIRouter:
+def greeting_router(greeting: str) -> APIRouter:
+    """A game's router, answering ``GET /`` with its AgentGym server's greeting."""
     router = APIRouter()
 
     @router.get("/")
     async def hello() -> str:
-        return "This is environment TextCraft."
+        return greeting
+
+    return router
+
+
+def session_router(game: Game, greeting: str, start_reply: Reply, step_reply: Reply) -> APIRouter:
+    """The routes BabyAI's and SciWorld's servers share: ``/create`` only opens a session, the
+    task comes with ``/reset``; each answers in the game's own shape (``start_reply``, ``step_reply``)."""
+    router = greeting_router(greeting)
 
     @router.post("/create")
-    async def create(body: TextCraftCreateBody) -> Any:
-        async def run() -> dict[str, Any]:
-            idx, session = game.new()
-            custom = body.commands is not None and body.goal is not None
-            config = {"commands": body.commands, "goal": body.goal} if custom else None
-            try:
-                first = await game.start(session, idx % _num_tasks(game), config)
-            except BaseException:
-                game.sessions.pop(idx, None)
-                raise
-            payload = {"id": idx, "observation": first.observation["text"], "done": False, "reward": 0}
-            session.info = {
-                "observation": payload["observation"],
-                "done": False,
-                "reward": 0,
-                "deleted": False,
-            }
-            return payload
-
-        return await answer(run())
-
-    @router.post("/step")
-    async def step(body: StepBody) -> Any:
-        async def run() -> dict[str, Any]:
-            session = game.session(body.id, allow_done=True)
-            result = await game.step(body.id, session, body.action)
-            payload = {
-                "observation": result.observation["text"],
-                "reward": int(result.reward),
-                "done": result.done,
-            }
-            session.info.update(payload)
-            return payload
-
-        return await answer(run())
+    async def create() -> dict[str, int]:
+        idx, _ = game.new()
+        return {"id": idx}
 
     @router.post("/reset")
-    async def reset(body: TextCraftResetBody) -> Any:
-        async def run() -> dict[str, Any]:
-            session = game.session(body.id, allow_done=True)
-            first = await game.start(session, (body.data_idx or 0) % _num_tasks(game))
-            payload = {"id": body.id, "observation": first.observation["text"], "done": False, "reward": 0}
-            session.info.update(
-                {"observation": payload["observation"], "done": False, "reward": 0, "deleted": False}
-            )
-            return payload
+    @agentgym_answer
+    async def reset(body: ResetBody) -> Any:
+        return await game.begin(body.id, body.data_idx, start_reply)
 
-        return await answer(run())
+    add_step_route(router, game, step_reply)
+    return router
+
+
+def add_step_route(router: APIRouter, game: Game, reply: Reply, *, allow_done: bool = False) -> None:
+    """``POST /step``: one action, answered in the game's own shape (``reply``)."""
+
+    @router.post("/step")
+    @agentgym_answer
+    async def step(body: StepBody) -> Any:
+        return (await game.play(body.id, body.action, reply, allow_done=allow_done))[1]
+
+
+# --------------------------------------------------------------------------------- TextCraft
+
+
+def textcraft_routes(game: Game) -> APIRouter:
+    router = greeting_router("This is environment TextCraft.")
+
+    @router.post("/create")
+    @agentgym_answer
+    async def create(body: TextCraftCreateBody) -> Any:
+        idx, session = game.new()
+        custom = body.commands is not None and body.goal is not None
+        config = {"commands": body.commands, "goal": body.goal} if custom else None
+        try:
+            first = await game.start(session, idx % _num_tasks(game), config)
+        except BaseException:
+            game.sessions.pop(idx, None)
+            raise
+        payload = {"id": idx, "observation": first.observation["text"], "done": False, "reward": 0}
+        session.info = {
+            "observation": payload["observation"],
+            "done": False,
+            "reward": 0,
+            "deleted": False,
+        }
+        return payload
+
+    add_step_route(router, game, _textcraft_reply, allow_done=True)
+
+    @router.post("/reset")
+    @agentgym_answer
+    async def reset(body: TextCraftResetBody) -> Any:
+        session = game.session(body.id, allow_done=True)
+        first = await game.start(session, (body.data_idx or 0) % _num_tasks(game))
+        payload = {"id": body.id, "observation": first.observation["text"], "done": False, "reward": 0}
+        session.info.update(
+            {"observation": payload["observation"], "done": False, "reward": 0, "deleted": False}
+        )
+        return payload
 
     @router.get("/observation")
+    @agentgym_answer
     async def observation(id: int) -> Any:
-        async def run() -> Any:
-            return game.session(id, allow_done=True).info["observation"]
-
-        return await answer(run())
+        return game.session(id, allow_done=True).info["observation"]
 
     @router.get("/commands")
+    @agentgym_answer
     async def commands(id: int) -> Any:
-        async def run() -> Any:
-            return await game.query(id, game.session(id, allow_done=True), lambda env: env.commands)
-
-        return await answer(run())
+        return await game.query(id, game.session(id, allow_done=True), lambda env: env.commands)
 
     @router.get("/goal")
+    @agentgym_answer
     async def goal(id: int) -> Any:
-        async def run() -> Any:
-            return await game.query(id, game.session(id, allow_done=True), lambda env: env.goal)
-
-        return await answer(run())
+        return await game.query(id, game.session(id, allow_done=True), lambda env: env.goal)
 
     @router.get("/detail")
+    @agentgym_answer
     async def detail(id: int) -> Any:
-        async def run() -> Any:
-            return game.session(id, allow_done=True).info
-
-        return await answer(run())
+        return game.session(id, allow_done=True).info
 
     @router.post("/close")
     async def close(body: CloseBody) -> bool:
@@ -264,74 +315,30 @@ def _num_tasks(game: Game) -> int:
 
 
 def babyai_routes(game: Game) -> APIRouter:
-    router = APIRouter()
-
-    @router.get("/")
-    async def hello() -> str:
-        return "This is environment BabyAI."
-
-    @router.post("/create")
-    async def create() -> dict[str, int]:
-        idx, _ = game.new()
-        return {"id": idx}
-
-    @router.post("/reset")
-    async def reset(body: ResetBody) -> Any:
-        async def run() -> dict[str, Any]:
-            session = game.session(body.id, allow_done=True)
-            first = await game.start(session, body.data_idx)
-            payload = {
-                "observation": first.observation["text"],
-                "reward": 0.0,
-                "score": 0.0,
-                "deleted": False,
-                "done": first.done,
-            }
-            session.info.update(payload)
-            return payload
-
-        return await answer(run())
-
-    @router.post("/step")
-    async def step(body: StepBody) -> Any:
-        async def run() -> dict[str, Any]:
-            session = game.session(body.id)
-            result = await game.step(body.id, session, body.action)
-            payload = {
-                "observation": result.observation["text"],
-                "reward": result.reward,
-                "score": result.info["score"],
-                "done": result.done,
-            }
-            session.info.update(payload)
-            return payload
-
-        return await answer(run())
+    router = session_router(game, "This is environment BabyAI.", _babyai_start, _babyai_reply)
 
     @router.get("/observation")
+    @agentgym_answer
     async def observation(id: int) -> Any:
-        async def run() -> dict[str, Any]:
-            session = game.session(id)
-            if session.env_id is None:
-                return {
-                    "observation": "Environment not initialized",
-                    "reward": 0,
-                    "score": 0,
-                    "done": False,
-                    "deleted": session.info["deleted"],
-                }
-            now = (await game.observe(id, session)).observation
-            actions = now["text"][len(now["state"]) :]  # the "\nAvailable actions: [...]" suffix
-            reward = await game.query(id, session, lambda env: env.reward)
+        session = game.session(id)
+        if session.env_id is None:
             return {
-                "observation": f"Your goal: {now['goal']}\n{now['state']}{actions}",
-                "reward": reward,
-                "score": session.info.get("score", 0),
-                "done": session.info["done"],
+                "observation": "Environment not initialized",
+                "reward": 0,
+                "score": 0,
+                "done": False,
                 "deleted": session.info["deleted"],
             }
-
-        return await answer(run())
+        now = (await game.observe(id, session)).observation
+        actions = now["text"][len(now["state"]) :]  # the "\nAvailable actions: [...]" suffix
+        reward = await game.query(id, session, lambda env: env.reward)
+        return {
+            "observation": f"Your goal: {now['goal']}\n{now['state']}{actions}",
+            "reward": reward,
+            "score": session.info.get("score", 0),
+            "done": session.info["done"],
+            "deleted": session.info["deleted"],
+        }
 
     @router.post("/close")
     async def close(body: CloseBody) -> bool:
@@ -342,13 +349,11 @@ def babyai_routes(game: Game) -> APIRouter:
         return True
 
     @router.post("/render")
+    @agentgym_answer
     async def render(body: CloseBody) -> Any:
-        async def run() -> str:
-            session = game.session(body.id)
-            png = await game.query(body.id, session, lambda env: env.frame_png(32))
-            return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
-
-        return await answer(run())
+        session = game.session(body.id)
+        png = await game.query(body.id, session, lambda env: env.frame_png(32))
+        return "data:image/png;base64," + base64.b64encode(png).decode("ascii")
 
     return router
 
@@ -357,100 +362,42 @@ def babyai_routes(game: Game) -> APIRouter:
 
 
 def sciworld_routes(game: Game) -> APIRouter:
-    router = APIRouter()
-
-    @router.get("/")
-    async def hello() -> str:
-        return "This is environment ScienceWorld."
-
-    @router.post("/create")
-    async def create() -> dict[str, int]:
-        idx, _ = game.new()
-        return {"id": idx}
-
-    async def do_step(body: StepBody, action: str) -> tuple[Session, dict[str, Any]]:
-        session = game.session(body.id)
-        result = await game.step(body.id, session, action)
-        payload = {
-            "observation": result.observation["observation"],
-            "reward": int(result.reward),
-            "score": int(result.info["score"]),
-            "done": result.done,
-        }
-        session.info.update(payload)
-        return session, payload
-
-    @router.post("/step")
-    async def step(body: StepBody) -> Any:
-        async def run() -> dict[str, Any]:
-            return (await do_step(body, body.action))[1]
-
-        return await answer(run())
+    router = session_router(game, "This is environment ScienceWorld.", _sciworld_start, _sciworld_reply)
 
     @router.post("/step_visual")
+    @agentgym_answer
     async def step_visual(body: StepBody) -> Any:
-        async def run() -> dict[str, Any]:
-            action = body.action[:-4] if body.action.endswith("</s>") else body.action
-            if "Action:" in action:
-                action = action.split("Action:")[1].strip()
-            session, payload = await do_step(body, action)
-            extra = await game.query(body.id, session, _visual_details)
-            payload.update(extra)
-            session.info.update(payload)
-            return payload
-
-        return await answer(run())
-
-    @router.post("/reset")
-    async def reset(body: ResetBody) -> Any:
-        async def run() -> dict[str, Any]:
-            session = game.session(body.id, allow_done=True)
-            first = (await game.start(session, body.data_idx)).observation
-            payload = {
-                "task_name": first["task_name"],
-                "var_num": first["variation"],
-                "task_description": first["task_description"],
-                "observation": first["observation"],
-                "reward": int(first["score"]),
-                "score": int(first["score"]),
-                "deleted": False,
-                "done": False,
-            }
-            session.info.update(payload)
-            return payload
-
-        return await answer(run())
+        action = body.action[:-4] if body.action.endswith("</s>") else body.action
+        if "Action:" in action:
+            action = action.split("Action:")[1].strip()
+        session, payload = await game.play(body.id, action, _sciworld_reply)
+        extra = await game.query(body.id, session, _visual_details)
+        payload.update(extra)
+        session.info.update(payload)
+        return payload
 
     @router.post("/close")
+    @agentgym_answer
     async def close(body: CloseBody) -> Any:
-        async def run() -> bool:
-            session = game.session(body.id, allow_done=True)
-            await game.release(session)
-            session.info["deleted"] = True
-            return True
-
-        return await answer(run())
+        session = game.session(body.id, allow_done=True)
+        await game.release(session)
+        session.info["deleted"] = True
+        return True
 
     @router.get("/observation")
+    @agentgym_answer
     async def observation(id: int) -> Any:
-        async def run() -> Any:
-            return game.session(id).info["observation"]
-
-        return await answer(run())
+        return game.session(id).info["observation"]
 
     @router.get("/detail")
+    @agentgym_answer
     async def detail(id: int) -> Any:
-        async def run() -> Any:
-            return game.session(id).info
-
-        return await answer(run())
+        return game.session(id).info
 
     def simulator_get(path: str, build: Callable[[Any], Any]) -> None:
+        @agentgym_answer
         async def route(id: int) -> Any:
-            async def run() -> Any:
-                return await game.query(id, game.session(id), build)
-
-            return await answer(run())
+            return await game.query(id, game.session(id), build)
 
         router.add_api_route(path, route, methods=["GET"])
 
@@ -466,6 +413,44 @@ def sciworld_routes(game: Game) -> APIRouter:
     simulator_get("/object_tree", lambda env: {"object_tree": env.query("getObjectTree")})
     simulator_get("/state", _current_state)
     return router
+
+
+def _textcraft_reply(result: StepResult) -> dict[str, Any]:
+    return {"observation": result.observation["text"], "reward": int(result.reward), "done": result.done}
+
+
+def _babyai_reply(result: StepResult) -> dict[str, Any]:
+    score = result.info["score"]
+    return {
+        "observation": result.observation["text"],
+        "reward": result.reward,
+        "score": score,
+        "done": result.done,
+    }
+
+
+def _sciworld_reply(result: StepResult) -> dict[str, Any]:
+    observation, score = result.observation["observation"], int(result.info["score"])
+    return {"observation": observation, "reward": int(result.reward), "score": score, "done": result.done}
+
+
+def _babyai_start(first: StepResult) -> dict[str, Any]:
+    text = first.observation["text"]
+    return {"observation": text, "reward": 0.0, "score": 0.0, "deleted": False, "done": first.done}
+
+
+def _sciworld_start(first: StepResult) -> dict[str, Any]:
+    observation, score = first.observation, int(first.observation["score"])
+    return {
+        "task_name": observation["task_name"],
+        "var_num": observation["variation"],
+        "task_description": observation["task_description"],
+        "observation": observation["observation"],
+        "reward": score,
+        "score": score,
+        "deleted": False,
+        "done": False,
+    }
 
 
 def _visual_details(env: Any) -> dict[str, Any]:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from dataclasses import asdict
+from typing import Any
 
-from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     EnvCreateRequest,
     EnvCreateResponse,
@@ -26,22 +25,26 @@ from grpo_service.models import (
 )
 from grpo_service.paging import PageDep, live_object_fields, paginate
 from grpo_service.registry import EnvHandle, SnapshotMeta
+from grpo_service.routes import service_router
 
-router = APIRouter(
-    prefix="/env", tags=["env"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
-)
+router = service_router("env", prefix="/env")
 
 
 def snapshot_response(meta: SnapshotMeta) -> SnapshotResponse:
-    return SnapshotResponse(
-        snapshot_id=meta.id,
-        kind=meta.kind,
-        path=meta.path,
-        rl_run_id=meta.rl_run_id,
-        size=meta.size,
-        created_at=meta.created_at,
-        parent_snapshot_id=meta.parent_snapshot_id,
-    )
+    return SnapshotResponse.model_validate(meta, from_attributes=True)
+
+
+def env_state(handle: EnvHandle) -> dict[str, Any]:
+    """The `EnvState` fields of a live env: its id and where its episode stands."""
+    last = handle.last
+    assert last is not None  # an env has an observation from its creation on
+    return {
+        "env_id": handle.id,
+        "observation": last.observation,
+        "info": last.info,
+        "step_idx": last.step_idx,
+        "done": last.done,
+    }
 
 
 @router.post("/create", response_model=EnvCreateResponse, responses=error_responses(400, 413, 422, 429))
@@ -49,11 +52,7 @@ async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateRespo
     """Create an environment and start its first episode."""
     handle = await services.envs.create(req.env_name, req.config, req.seed, req.rl_run_id)
     handle.parent_env_id = req.parent_env_id
-    last = handle.last
-    assert last is not None
-    return EnvCreateResponse(
-        env_id=handle.id, observation=last.observation, info=last.info, step_idx=last.step_idx
-    )
+    return EnvCreateResponse(**env_state(handle))
 
 
 @router.post(
@@ -75,15 +74,7 @@ async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
     else:
         actions = req.actions if req.actions is not None else [req.action]
         result = await services.envs.step(req.env_id, actions=actions)  # type: ignore[arg-type]
-    return EnvStepResponse(
-        env_id=req.env_id,
-        observation=result.observation,
-        reward=result.reward,
-        done=result.done,
-        truncated=result.truncated,
-        info=result.info,
-        step_idx=result.step_idx,
-    )
+    return EnvStepResponse(env_id=req.env_id, **asdict(result))
 
 
 @router.post(
@@ -100,16 +91,8 @@ async def snapshot(req: EnvSnapshotRequest, services: ServicesDep) -> SnapshotRe
 async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreResponse:
     """A new env that continues exactly where the snapshot was taken."""
     handle = await services.envs.restore(req.snapshot_id, req.rl_run_id)
-    last = handle.last
-    assert last is not None
     return EnvRestoreResponse(
-        env_id=handle.id,
-        observation=last.observation,
-        info=last.info,
-        step_idx=last.step_idx,
-        done=last.done,
-        parent_snapshot_id=req.snapshot_id,
-        parent_env_id=handle.parent_env_id,
+        **env_state(handle), parent_snapshot_id=req.snapshot_id, parent_env_id=handle.parent_env_id
     )
 
 

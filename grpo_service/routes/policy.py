@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from typing import Any
 
-from grpo_service.auth import require_api_key
+from envs.base import StepOptions
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import Unprocessable, error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     PolicyCreateRequest,
     PolicyCreateResponse,
@@ -25,11 +24,15 @@ from grpo_service.models import (
 from grpo_service.paging import PageDep, live_object_fields, paginate
 from grpo_service.registry import PolicyHandle
 from grpo_service.rollout import llm_record
+from grpo_service.routes import service_router
 from grpo_service.routes.env import snapshot_response
 
-router = APIRouter(
-    prefix="/policy", tags=["policy"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
-)
+router = service_router("policy", prefix="/policy")
+
+
+def policy_fields(handle: PolicyHandle) -> dict[str, Any]:
+    """What every policy response shows of a live policy."""
+    return {"policy_id": handle.id, "policy_name": handle.policy_name, "bound_env_id": handle.bound_env_id}
 
 
 @router.post(
@@ -40,9 +43,7 @@ async def create(req: PolicyCreateRequest, services: ServicesDep) -> PolicyCreat
     handle = await services.policies.create(
         req.policy_name, req.config, req.rl_run_id, req.bound_env_id, req.parent_policy_id
     )
-    return PolicyCreateResponse(
-        policy_id=handle.id, policy_name=handle.policy_name, bound_env_id=handle.bound_env_id
-    )
+    return PolicyCreateResponse(**policy_fields(handle))
 
 
 @router.post(
@@ -61,13 +62,12 @@ async def step(req: PolicyStepRequest, services: ServicesDep) -> PolicyStepRespo
         if env.last is None:
             raise Unprocessable(f"env {env.id} has no observation yet", code="observation_required")
         observation = env.last.observation
-    decision = await services.policies.step(
-        handle,
-        observation,
+    options = StepOptions(
         dry_run=req.dry_run,
         record_logprobs=req.record_logprobs,
         timeout_s=services.settings.inference_timeout_s,
     )
+    decision = await services.policies.step(handle, observation, options)
     return PolicyStepResponse(
         tool_calls=decision.tool_calls,
         meta=decision.meta,
@@ -92,11 +92,7 @@ async def restore(req: PolicyRestoreRequest, services: ServicesDep) -> PolicyRes
     """A new policy with the snapshot's state, optionally bound to ``bound_env_id``."""
     handle = await services.policies.restore(req.snapshot_id, req.rl_run_id, req.bound_env_id)
     return PolicyRestoreResponse(
-        policy_id=handle.id,
-        policy_name=handle.policy_name,
-        bound_env_id=handle.bound_env_id,
-        parent_snapshot_id=req.snapshot_id,
-        parent_policy_id=handle.parent_policy_id,
+        **policy_fields(handle), parent_snapshot_id=req.snapshot_id, parent_policy_id=handle.parent_policy_id
     )
 
 
@@ -107,12 +103,7 @@ async def terminate(req: PolicyTerminateRequest, services: ServicesDep) -> Termi
 
 
 def policy_summary(handle: PolicyHandle) -> PolicySummary:
-    return PolicySummary(
-        policy_id=handle.id,
-        policy_name=handle.policy_name,
-        bound_env_id=handle.bound_env_id,
-        **live_object_fields(handle),
-    )
+    return PolicySummary(**policy_fields(handle), **live_object_fields(handle))
 
 
 @router.get("/list", response_model=PolicyList, responses=error_responses(422))

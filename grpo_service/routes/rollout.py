@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import Path
 
-from grpo_service.auth import require_api_key
 from grpo_service.branching import branch as branch_envs
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import (
     BranchRequest,
     BranchResponse,
@@ -29,8 +27,13 @@ from grpo_service.models import (
 )
 from grpo_service.paging import PageDep, paginate
 from grpo_service.registry import RunHandle
+from grpo_service.routes import service_router
 
-router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
+router = service_router("rollout")
+
+
+# A start-then-poll route answers at once: 202 and where to poll.
+STARTED: dict[str, Any] = {"response_model": RunStarted, "status_code": 202}
 
 
 def _started(run: RunHandle) -> RunStarted:
@@ -45,12 +48,7 @@ async def rollout(req: RolloutRequest, services: ServicesDep) -> RolloutResponse
     return await services.coordinator.rollout(req)
 
 
-@router.post(
-    "/rollout/start",
-    response_model=RunStarted,
-    status_code=202,
-    responses=error_responses(400, 404, 409, 413, 421, 422, 429),
-)
+@router.post("/rollout/start", **STARTED, responses=error_responses(400, 404, 409, 413, 421, 422, 429))
 async def rollout_start(req: RolloutRequest, services: ServicesDep) -> RunStarted:
     """Start a rollout in the background; poll ``/run/status/{run_id}`` for its result."""
     return _started(services.coordinator.start_rollout(req))
@@ -66,12 +64,7 @@ async def rollout_group(req: RolloutGroupRequest, services: ServicesDep) -> Roll
     return await services.coordinator.group(req)
 
 
-@router.post(
-    "/rollout/group/start",
-    response_model=RunStarted,
-    status_code=202,
-    responses=error_responses(400, 404, 409, 413, 422, 429),
-)
+@router.post("/rollout/group/start", **STARTED, responses=error_responses(400, 404, 409, 413, 422, 429))
 async def rollout_group_start(req: RolloutGroupRequest, services: ServicesDep) -> RunStarted:
     """Start a group in the background; poll ``/run/status/{group_id}``."""
     return _started(services.coordinator.start_group(req))
@@ -106,13 +99,7 @@ async def run_status(
     members = run.member_runs
     ops, llm_s, env_s = _progress(run, members)
     return RunStatusResponse(
-        run_id=run.id,
-        kind=run.kind,
-        status=run.status,
-        started_at=run.started_at,
-        finished_at=run.finished_at,
-        ops_executed=ops,
-        ops_total=run.ops_total,
+        **_run_progress(run, ops),
         timings={"llm_s": round(llm_s, 6), "env_s": round(env_s, 6)},
         error=run.error,
         members=None
@@ -142,17 +129,24 @@ def _progress(run: RunHandle, members: list[RunHandle]) -> tuple[int, float, flo
     return run.ops_executed, run.llm_s, run.env_s
 
 
+def _run_progress(run: RunHandle, ops_executed: int) -> dict[str, Any]:
+    """The `RunProgress` fields of a run."""
+    return {
+        "run_id": run.id,
+        "kind": run.kind,
+        "status": run.status,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "ops_executed": ops_executed,
+        "ops_total": run.ops_total,
+    }
+
+
 def run_summary(run: RunHandle, ops_executed: int) -> RunSummary:
     return RunSummary(
-        run_id=run.id,
-        kind=run.kind,
-        status=run.status,
+        **_run_progress(run, ops_executed),
         rl_run_id=run.rl_run_id,
-        started_at=run.started_at,
         age_s=round(time.time() - run.started_at, 3),
-        finished_at=run.finished_at,
-        ops_executed=ops_executed,
-        ops_total=run.ops_total,
     )
 
 

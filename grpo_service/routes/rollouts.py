@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
-
-from grpo_service.auth import require_api_key
 from grpo_service.batch import run_batch
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import error_responses
-from grpo_service.limits import StrictJSONRoute
 from grpo_service.models import BatchRolloutsRequest, BatchRolloutsResponse
+from grpo_service.routes import service_router
 
-router = APIRouter(tags=["rollout"], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute)
+router = service_router("rollout")
 
 
 @router.post("/rollouts", response_model=BatchRolloutsResponse, responses=error_responses(400, 413, 422, 429))

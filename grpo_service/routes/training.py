@@ -9,10 +9,9 @@ import importlib.util
 from typing import Annotated
 
 import numpy as np
-from fastapi import APIRouter, Body, Depends, Path
+from fastapi import Body, Depends, Path
 
 from grpo_service import __version__
-from grpo_service.auth import require_api_key
 from grpo_service.deps import ServicesDep
 from grpo_service.errors import (
     CapacityExceeded,
@@ -22,7 +21,7 @@ from grpo_service.errors import (
     Unprocessable,
     error_responses,
 )
-from grpo_service.limits import StrictJSONRoute
+from grpo_service.routes import service_router
 from grpo_service.routes.meta import ENDPOINTS
 from grpo_service.training_models import (
     DeleteModelResponse,
@@ -43,11 +42,7 @@ from training.gym.policy import InvalidPolicyFile
 from training.jobs import TERMINAL, Job, JobLimitReached, ModelNameTaken, get_job_type
 from training.model_store import InvalidModelName, ModelNotFound
 
-router = APIRouter(
-    tags=["training"],
-    dependencies=[Depends(require_api_key)],
-    route_class=StrictJSONRoute,
-)
+router = service_router("training")
 
 TRAINING_ENDPOINTS = {
     "train": "POST /train",
@@ -97,9 +92,8 @@ JobId = Annotated[str, Path(max_length=64, description="A job id from POST /trai
 ModelNamePath = Annotated[str, Path(max_length=128, description="A saved model's name.")]
 
 
-class TrainingUnavailable(ServiceError):
-    status_code = 503
-    code = "training_unavailable"
+class TrainingUnavailable(ServiceError, status=503, code="training_unavailable"):
+    """Training needs the ``train`` extra, which is not installed here."""
 
 
 def _training(services: ServicesDep) -> TrainingService:

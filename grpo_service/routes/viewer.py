@@ -249,9 +249,8 @@ def frame(session_id: str, name: str, source: Source) -> Response:
     return PlainTextResponse(drawn.text, headers={"Cache-Control": "private, max-age=3600"})
 
 
-class FrameUnavailable(ServiceError):
-    status_code = 409
-    code = "no_frame"
+class FrameUnavailable(ServiceError, status=409, code="no_frame"):
+    """The environment draws no frame of the kind asked for."""
 
 
 @router.get("/api/groups/{group_id}")

@@ -20,6 +20,29 @@ log = logging.getLogger(__name__)
 SESSION_JSON = ("env_config", "policy_config", "sampling", "achievements", "metrics", "request")
 
 
+# The columns of a turn (its decision, LLM call and env step) that hold JSON text.
+_JSON_COLUMNS = frozenset(
+    {
+        "observation",
+        "tool_calls",
+        "llm_request",
+        "llm_response",
+        "usage",
+        "prompt_token_ids",
+        "completion_token_ids",
+        "completion_logprobs",
+        "actions",
+        "achievements_unlocked",
+    }
+)
+
+
+def _columns(row: sqlite3.Row, *columns: str, **renamed: str) -> dict[str, Any]:
+    """Columns of ``row`` under their own names (``renamed``: key=column), JSON text decoded."""
+    picked = {**{c: c for c in columns}, **renamed}
+    return {key: loads(row[c]) if c in _JSON_COLUMNS else row[c] for key, c in picked.items()}
+
+
 class TraceDBError(RuntimeError):
     """The file is missing or is not a trace DB."""
 
@@ -157,41 +180,48 @@ class TraceReader:
             completion = r["completion_message"]
             out.append(
                 {
-                    "turn": r["turn"],
-                    "episode": r["episode"],
-                    "observation": loads(r["observation"]),
-                    "tool_calls": loads(r["tool_calls"]),
-                    "decision_error": r["decision_error"],
-                    "decision_error_detail": r["decision_error_detail"],
+                    **_columns(
+                        r,
+                        "turn",
+                        "episode",
+                        "observation",
+                        "tool_calls",
+                        "decision_error",
+                        "decision_error_detail",
+                    ),
                     "prompt": None if prompt_ids is None else [messages[i] for i in prompt_ids],
                     "completion": None if completion is None else messages[completion],
-                    "llm": None
-                    if not r["has_llm_call"]
-                    else {
-                        "model": r["model"],
-                        "request": loads(r["llm_request"]),
-                        "response": loads(r["llm_response"]),
-                        "finish_reason": r["finish_reason"],
-                        "usage": loads(r["usage"]),
-                        "latency_ms": r["latency_ms"],
-                        "attempts": r["attempts"],
-                        "error": r["llm_error"],
-                        "prompt_token_ids": loads(r["prompt_token_ids"]),
-                        "completion_token_ids": loads(r["completion_token_ids"]),
-                        "completion_logprobs": loads(r["completion_logprobs"]),
-                    },
-                    "env": None
-                    if not r["has_env_step"]
-                    else {
-                        "actions": loads(r["actions"]),
-                        "actions_executed": r["actions_executed"],
-                        "reward": r["reward"],
+                    "llm": _columns(
+                        r,
+                        "model",
+                        "finish_reason",
+                        "usage",
+                        "latency_ms",
+                        "attempts",
+                        "prompt_token_ids",
+                        "completion_token_ids",
+                        "completion_logprobs",
+                        request="llm_request",
+                        response="llm_response",
+                        error="llm_error",
+                    )
+                    if r["has_llm_call"]
+                    else None,
+                    "env": {
+                        **_columns(
+                            r,
+                            "actions",
+                            "actions_executed",
+                            "reward",
+                            "step_idx",
+                            "achievements_unlocked",
+                            "env_ms",
+                        ),
                         "done": bool(r["done"]),
                         "truncated": bool(r["truncated"]),
-                        "step_idx": r["step_idx"],
-                        "achievements_unlocked": loads(r["achievements_unlocked"]),
-                        "env_ms": r["env_ms"],
-                    },
+                    }
+                    if r["has_env_step"]
+                    else None,
                 }
             )
         return out

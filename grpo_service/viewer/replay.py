@@ -21,7 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.base import Environment, Frame, PluginError, StepResult, environment_class
+from envs.base import Environment, Frame, StepResult, environment_class
+from envs.errors import PluginError
 from grpo_service.tracing.traces import IMAGE_KEYS
 
 CHECKPOINT_EVERY = 16

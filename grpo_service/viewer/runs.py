@@ -57,8 +57,8 @@ SORT_SQL: dict[str, str] = {
 }
 
 
-class QueryTooSlow(Unprocessable):
-    code = "query_too_slow"
+class QueryTooSlow(Unprocessable, code="query_too_slow"):
+    """A run-list query that ran past its time limit."""
 
 
 class RunFilters(BaseModel):

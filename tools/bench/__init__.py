@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 if TYPE_CHECKING:
     from rich.console import Console
+    from rich.table import Table
 
 __all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench"]
 
@@ -27,9 +28,16 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def render_table(report: dict[str, Any], console: Console) -> None:
+def _table(*columns: tuple[str, Literal["left", "right"]]) -> Table:
     from rich.table import Table
 
+    table = Table()
+    for name, justify in columns:
+        table.add_column(name, justify=justify)
+    return table
+
+
+def render_table(report: dict[str, Any], console: Console) -> None:
     from tools.bench.run import FIGURES, RATIOS, _fmt
 
     machine = report["machine"]
@@ -38,14 +46,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         f"{machine['nproc']} x {machine['cpu_model']}, Python {machine['python']}, {machine['server_stack']}"
     )
     console.print(report["layout"])
-    table = Table(show_lines=False)
-    for col, justify in (
-        ("figure", "left"),
-        ("median", "right"),
-        ("spread (min-max)", "right"),
-        ("unit", "left"),
-    ):
-        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    table = _table(("figure", "left"), ("median", "right"), ("spread (min-max)", "right"), ("unit", "left"))
     for fig in FIGURES:
         entry = report["figures"][fig.key]
         if entry["median"] is None:
@@ -54,15 +55,9 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         lo, hi = entry["spread"]
         table.add_row(fig.key, _fmt(entry["median"]), f"{_fmt(lo)} - {_fmt(hi)}", fig.unit)
     console.print(table)
-    ratios = Table()
-    for col, justify in (
-        ("ratio", "left"),
-        ("value", "right"),
-        ("spread", "right"),
-        ("goal", "right"),
-        ("met", "left"),
-    ):
-        ratios.add_column(col, justify=justify)  # type: ignore[arg-type]
+    ratios = _table(
+        ("ratio", "left"), ("value", "right"), ("spread", "right"), ("goal", "right"), ("met", "left")
+    )
     for ratio in RATIOS:
         entry = report["ratios"][ratio.key]
         if entry["value"] is None:

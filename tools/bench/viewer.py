@@ -85,31 +85,14 @@ def run(rollouts: int, repeats: int, workdir: Path) -> dict[str, Any]:
 
 def _replay_figures(workdir: Path, repeats: int) -> dict[str, Any]:
     """Replay a real 300-turn Crafter rollout: the checking pass, then frames forward and back."""
-    from grpo_service import Settings, create_app
+    from tools.task_app import recording_task_app
 
     db = workdir / "task_app_traces_real.db"
-    settings = Settings(
-        _env_file=None,
-        state_dir=workdir / "state",
-        snapshot_secret="b" * 40,
-        trace_db=db,
-        reaper_interval_s=3600.0,
-    )
-    server = ServerThread(create_app(settings), name="bench-recorder").start()
-    try:
-        with httpx.Client(base_url=server.base_url, timeout=600) as client:
-            r = client.post(
-                "/rollout",
-                json={
-                    "run_id": "bench-heuristic",
-                    "env": {"env_name": "crafter", "seed": 7},
-                    "policy": {"policy_name": "crafter-heuristic"},
-                    "max_turns": 300,
-                },
-            )
-            r.raise_for_status()
-    finally:
-        server.stop()
+    with recording_task_app(db, workdir / "state", name="bench-recorder", timeout_s=600) as app:
+        heuristic = {"policy_name": "crafter-heuristic"}
+        app.rollout(
+            run_id="bench-heuristic", env={"env_name": "crafter", "seed": 7}, policy=heuristic, max_turns=300
+        )
     server = ServerThread(create_viewer_app(db), name="bench-replay").start()
     try:
         with httpx.Client(base_url=server.base_url + "/viewer/api", timeout=600) as client:

@@ -39,7 +39,8 @@ def environment_corpus(seeds: int = 3, steps: int = 12, env_names: list[str] | N
     """Text of every registered environment and LLM policy: observations over a few seeds and
     random steps, and each policy's full request (system prompt, tools, turns) rendered as JSON."""
     import envs  # noqa: F401  (registers the plug-ins)
-    from envs.base import ENVIRONMENTS, POLICIES, PluginError, PolicyContext
+    from envs.base import ENVIRONMENTS, POLICIES, PolicyContext
+    from envs.errors import PluginError
 
     rng = random.Random(0)
     for name, env_cls in sorted(ENVIRONMENTS.items()):
@@ -70,9 +71,11 @@ def environment_corpus(seeds: int = 3, steps: int = 12, env_names: list[str] | N
 def _policy_text(policy_cls: Any, observation: dict[str, Any], context: Any) -> Iterator[str]:
     import asyncio
 
+    from envs.base import DRY_RUN
+
     try:
         policy = policy_cls.create({}, context)
-        decision = asyncio.run(policy.step(observation, dry_run=True))
+        decision = asyncio.run(policy.step(observation, DRY_RUN))
     except Exception:
         return
     request = decision.meta.get("inference_request") or {}
