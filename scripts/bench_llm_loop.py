@@ -47,8 +47,9 @@ BABYAI_LEVELS = 40  # AgentGym's task numbering: task i plays level i % 40 with 
 class Game:
     """How the benchmark plays one environment: its LLM agent and which tasks train and test."""
 
-    def __init__(self, env: str, policy: str, levels: list[int] | None, tasks: int | None) -> None:
-        self.env, self.policy, self.levels, self.tasks = env, policy, levels, tasks
+    def __init__(self, env: str, policy: str, levels: list[int] | None, success_reward: float) -> None:
+        self.env, self.policy, self.levels = env, policy, levels
+        self.success_reward = success_reward  # a rollout whose return reaches this solved its task
 
     def task_ids(self, start: int, count: int) -> list[int]:
         """``count`` task ids from the ``start``-th instance on (BabyAI: of each chosen level)."""
@@ -65,8 +66,9 @@ class Game:
 GAMES = {
     # BabyAI's single-room "go to" levels: GoToRedBallGrey, GoToRedBall, GoToRedBallNoDists,
     # GoToObjS6, GoToLocalS8N7.
-    "babyai": Game("babyai", "babyai-agent", levels=[0, 1, 2, 3, 4], tasks=None),
-    "textcraft": Game("textcraft", "textcraft-agent", levels=None, tasks=544),
+    # A solved task pays 1 - 0.9 * steps / max_steps (at least 0.1), an unsolved one 0.
+    "babyai": Game("babyai", "babyai-agent", levels=[0, 1, 2, 3, 4], success_reward=0.1),
+    "textcraft": Game("textcraft", "textcraft-agent", levels=None, success_reward=1.0),
 }
 
 
@@ -178,12 +180,13 @@ def main() -> None:
     parser.add_argument("--history", type=int, default=2, help="Past turns replayed to the model.")
     parser.add_argument("--hidden", type=int, default=192)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--sft-steps", type=int, default=150)
+    parser.add_argument("--sft-steps", type=int, default=250)
     parser.add_argument("--sft-lr", type=float, default=2e-3)
     parser.add_argument("--rl-steps", type=int, default=40)
-    parser.add_argument("--rl-lr", type=float, default=5e-4)
-    parser.add_argument("--groups", type=int, default=4, help="B: starts per GRPO step.")
-    parser.add_argument("--group-size", type=int, default=8, help="G: rollouts per start.")
+    parser.add_argument("--rl-lr", type=float, default=2e-4)
+    parser.add_argument("--kl", type=float, default=0.0, help="KL coefficient to the SFT model.")
+    parser.add_argument("--groups", type=int, default=6, help="B: starts per GRPO step.")
+    parser.add_argument("--group-size", type=int, default=6, help="G: rollouts per start.")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
     parser.add_argument(
         "--seed", type=int, default=0, help="Seed of initialisation, data order and sampling."
@@ -292,7 +295,8 @@ def main() -> None:
                     group_size=args.group_size,
                     max_turns=args.turns,
                     lr=args.rl_lr,
-                    kl_coef=0.0,
+                    kl_coef=args.kl,
+                    success_reward=game.success_reward,
                     updates_per_step=1,
                     micro_batch=16,
                     save_every=20,
