@@ -337,18 +337,24 @@ class PolicyStepRequest(Request):
     record_logprobs: bool = Field(default=False, description="Request and return token ids and logprobs.")
 
 
-class LLMCallRecord(BaseModel):
+class LLMTokens(BaseModel):
+    """One model call's token ids and logprobs, exactly as the server returned them (null when it
+    returns none, as OpenAI's does): what a trainer needs of it."""
+
+    prompt_token_ids: list[int] | None = Field(
+        default=None, description="The prompt as the server tokenized it."
+    )
+    completion_token_ids: list[int] | None = Field(default=None, description="The reply's tokens.")
+    completion_logprobs: list[float] | None = Field(default=None, description="One logprob per reply token.")
+
+
+class LLMCallRecord(LLMTokens):
     model: str | None = Field(default=None, description="The model that answered.")
     latency_ms: float = Field(description="Time of the call, retries included.")
     attempts: int = Field(description="HTTP attempts made (1 + retries).")
     finish_reason: str | None = Field(default=None, description="As the server returned it.")
     usage: dict[str, Any] | None = Field(
         default=None, description="Token counts as the server returned them."
-    )
-    prompt_token_ids: list[int] | None = Field(default=None, description="vLLM's prompt token ids.")
-    completion_token_ids: list[int] | None = Field(default=None, description="vLLM's completion token ids.")
-    completion_logprobs: list[float] | None = Field(
-        default=None, description="One logprob per completion token."
     )
     error: str | None = Field(default=None, description="Why the call failed, if it did.")
     weights_version: int | None = Field(
@@ -537,14 +543,6 @@ class RolloutRequest(RolloutPlan):
 
     def op_list(self) -> list[str]:
         return list(self.ops) if self.ops is not None else ["agent", "env"] * (self.max_turns or 0)
-
-
-class LLMTokens(BaseModel):
-    prompt_token_ids: list[int] | None = Field(default=None, description="vLLM's prompt token ids.")
-    completion_token_ids: list[int] | None = Field(default=None, description="vLLM's completion token ids.")
-    completion_logprobs: list[float] | None = Field(
-        default=None, description="One logprob per completion token."
-    )
 
 
 class RolloutStep(BaseModel):
@@ -898,14 +896,9 @@ class BatchRolloutsRequest(Request):
     max_time_s: float = Field(default=3600.0, gt=0, le=86_400, description="Deadline of each rollout.")
 
 
-class TurnTokens(BaseModel):
-    """One model call: the token ids and logprobs exactly as the server returned them."""
+class TurnTokens(LLMTokens):
+    """One model call of a batch rollout: its tokens and why it stopped."""
 
-    prompt_token_ids: list[int] | None = Field(
-        default=None, description="The prompt as the server tokenized it."
-    )
-    completion_token_ids: list[int] | None = Field(default=None, description="The reply's tokens.")
-    completion_logprobs: list[float] | None = Field(default=None, description="One logprob per reply token.")
     finish_reason: str | None = Field(default=None, description="`stop`, `length`, `tool_calls`, ...")
 
 
