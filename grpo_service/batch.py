@@ -155,16 +155,7 @@ def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
     last_info = played[-1].info if played else {}
     score = last_info.get("score", trajectory.total_reward if trajectory else 0.0)
     final = (trajectory.final or {}).get("observation") if trajectory else None
-    turns = [
-        TurnTokens(
-            prompt_token_ids=s.llm.prompt_token_ids,
-            completion_token_ids=s.llm.completion_token_ids,
-            completion_logprobs=s.llm.completion_logprobs,
-            finish_reason=s.llm.finish_reason,
-        )
-        for s in steps
-        if s.llm is not None
-    ]
+    turns = [TurnTokens.model_validate(s.llm, from_attributes=True) for s in steps if s.llm is not None]
     has_tokens = any(t.completion_token_ids is not None for t in turns)
     return BatchRolloutResult(
         id=idx,

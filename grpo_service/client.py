@@ -30,41 +30,7 @@ from typing import Any, ClassVar, Generic, Self, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from grpo_service.models import (
-    BranchRequest,
-    BranchResponse,
-    EnvCreateRequest,
-    EnvCreateResponse,
-    EnvResetRequest,
-    EnvResetResponse,
-    EnvRestoreRequest,
-    EnvRestoreResponse,
-    EnvSnapshotRequest,
-    EnvStepRequest,
-    EnvStepResponse,
-    EnvTerminateRequest,
-    Health,
-    PolicyCreateRequest,
-    PolicyCreateResponse,
-    PolicyRestoreRequest,
-    PolicyRestoreResponse,
-    PolicySnapshotRequest,
-    PolicyStepRequest,
-    PolicyStepResponse,
-    PolicyTerminateRequest,
-    RolloutGroupRequest,
-    RolloutGroupResponse,
-    RolloutRequest,
-    RolloutResponse,
-    RolloutSafetyConfig,
-    RunAbortRequest,
-    RunAbortResponse,
-    RunStarted,
-    RunStatusResponse,
-    ServiceInfo,
-    SnapshotResponse,
-    TerminateResponse,
-)
+from grpo_service import models
 
 M = TypeVar("M", bound=BaseModel)
 Q = TypeVar("Q", bound=BaseModel)
@@ -293,38 +259,38 @@ class _Routes:
         body = _body(kind, request, fields)
         read_timeout_s = None
         if path in BLOCKING_ROUTES:  # answered when the run ends: wait up to its own time limit
-            safety = RolloutSafetyConfig.model_validate(body.get("safety") or {})
+            safety = models.RolloutSafetyConfig.model_validate(body.get("safety") or {})
             read_timeout_s = safety.max_time_s + 30.0
         return self._send(ServiceRequest("POST", path, body, self.attempts, read_timeout_s), model)
 
-    def info(self) -> ServiceInfo:
-        return self._get("/info", ServiceInfo)
+    def info(self) -> models.ServiceInfo:
+        return self._get("/info", models.ServiceInfo)
 
-    def health(self) -> Health:
-        return self._get("/health", Health)
+    def health(self) -> models.Health:
+        return self._get("/health", models.Health)
 
-    create_env = _Post("/env/create", EnvCreateRequest, EnvCreateResponse)
-    reset_env = _Post("/env/reset", EnvResetRequest, EnvResetResponse)
-    step_env = _Post("/env/step", EnvStepRequest, EnvStepResponse)
-    snapshot_env = _Post("/env/snapshot", EnvSnapshotRequest, SnapshotResponse)
-    restore_env = _Post("/env/restore", EnvRestoreRequest, EnvRestoreResponse)
-    terminate_env = _Post("/env/terminate", EnvTerminateRequest, TerminateResponse)
+    create_env = _Post("/env/create", models.EnvCreateRequest, models.EnvCreateResponse)
+    reset_env = _Post("/env/reset", models.EnvResetRequest, models.EnvResetResponse)
+    step_env = _Post("/env/step", models.EnvStepRequest, models.EnvStepResponse)
+    snapshot_env = _Post("/env/snapshot", models.EnvSnapshotRequest, models.SnapshotResponse)
+    restore_env = _Post("/env/restore", models.EnvRestoreRequest, models.EnvRestoreResponse)
+    terminate_env = _Post("/env/terminate", models.EnvTerminateRequest, models.TerminateResponse)
 
-    create_policy = _Post("/policy/create", PolicyCreateRequest, PolicyCreateResponse)
-    step_policy = _Post("/policy/step", PolicyStepRequest, PolicyStepResponse)
-    snapshot_policy = _Post("/policy/snapshot", PolicySnapshotRequest, SnapshotResponse)
-    restore_policy = _Post("/policy/restore", PolicyRestoreRequest, PolicyRestoreResponse)
-    terminate_policy = _Post("/policy/terminate", PolicyTerminateRequest, TerminateResponse)
+    create_policy = _Post("/policy/create", models.PolicyCreateRequest, models.PolicyCreateResponse)
+    step_policy = _Post("/policy/step", models.PolicyStepRequest, models.PolicyStepResponse)
+    snapshot_policy = _Post("/policy/snapshot", models.PolicySnapshotRequest, models.SnapshotResponse)
+    restore_policy = _Post("/policy/restore", models.PolicyRestoreRequest, models.PolicyRestoreResponse)
+    terminate_policy = _Post("/policy/terminate", models.PolicyTerminateRequest, models.TerminateResponse)
 
-    rollout = _Post("/rollout", RolloutRequest, RolloutResponse)
-    start_rollout = _Post("/rollout/start", RolloutRequest, RunStarted)
-    rollout_group = _Post("/rollout/group", RolloutGroupRequest, RolloutGroupResponse)
-    start_group = _Post("/rollout/group/start", RolloutGroupRequest, RunStarted)
-    branch = _Post("/branch", BranchRequest, BranchResponse)
-    abort = _Post("/run/abort", RunAbortRequest, RunAbortResponse)
+    rollout = _Post("/rollout", models.RolloutRequest, models.RolloutResponse)
+    start_rollout = _Post("/rollout/start", models.RolloutRequest, models.RunStarted)
+    rollout_group = _Post("/rollout/group", models.RolloutGroupRequest, models.RolloutGroupResponse)
+    start_group = _Post("/rollout/group/start", models.RolloutGroupRequest, models.RunStarted)
+    branch = _Post("/branch", models.BranchRequest, models.BranchResponse)
+    abort = _Post("/run/abort", models.RunAbortRequest, models.RunAbortResponse)
 
-    def run_status(self, run_id: str) -> RunStatusResponse:
-        return self._get(f"/run/status/{run_id}", RunStatusResponse)
+    def run_status(self, run_id: str) -> models.RunStatusResponse:
+        return self._get(f"/run/status/{run_id}", models.RunStatusResponse)
 
 
 class TaskAppClient(_Routes):
@@ -367,7 +333,7 @@ class AsyncTaskAppClient(_Routes):
         await self.aclose()
 
 
-def policy_uses_inference(info: ServiceInfo | None, policy: str) -> bool | None:
+def policy_uses_inference(info: models.ServiceInfo | None, policy: str) -> bool | None:
     """From ``GET /info``: whether ``policy`` calls an LLM (``None``: unknown)."""
     for plugin in info.policies if info is not None else []:
         if plugin.name == policy:
@@ -399,7 +365,7 @@ def build_policy_config(
 NORMAL_ENDINGS = frozenset({"completed", "episode_done"})
 
 
-def rollout_failure(response: RolloutResponse) -> tuple[str | None, str | None]:
+def rollout_failure(response: models.RolloutResponse) -> tuple[str | None, str | None]:
     """``(cause, detail)`` of a returned rollout that did not complete, ``(None, None)`` if it did.
 
     The detail is the service's ``error`` or, for a policy error, the failing decision's

@@ -35,6 +35,7 @@ Action = Annotated[str, Field(max_length=512)] | Annotated[int, Field(strict=Tru
 ConfigDict_ = Annotated[dict[str, Any], Field(default_factory=dict, description="Plug-in specific config.")]
 
 DEFAULT_RUN = "default"
+RunStatus = Literal["running", "completed", "failed", "aborted"]
 
 
 class Request(BaseModel):
@@ -155,7 +156,12 @@ POLICY_SNAPSHOT_ID = "<snapshot_id from /policy/snapshot>"
 RUN_ID = "<run_id from /rollout/start>"
 
 SYNTH_COMPAT_HELP = "Accepted and ignored, so that Synth's task-app clients (which send it) are not refused."
-RL_RUN_ID_HELP = "Owner of the objects this creates: groups their snapshots on disk and filters listings."
+RunOwner = Annotated[
+    RunId,
+    Field(
+        description="Owner of the objects this creates: groups their snapshots on disk and filters listings."
+    ),
+]
 
 
 def request_config(*examples: dict[str, Any], strict: bool = False) -> ConfigDict:
@@ -175,7 +181,7 @@ class EnvCreateRequest(Request):
     config: ConfigDict_
     seed: Seed | None = Field(default=None, description="World seed; 0 when omitted.")
     parent_env_id: Id | None = Field(default=None, description="Lineage only: recorded, not copied.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    rl_run_id: RunOwner = DEFAULT_RUN
 
 
 class EnvState(BaseModel):
@@ -310,7 +316,7 @@ class PolicyCreateRequest(Request):
     policy_name: Name = Field(description="A policy plug-in from GET /info, e.g. `crafter-react`.")
     config: ConfigDict_
     parent_policy_id: Id | None = Field(default=None, description="Lineage only: recorded, not copied.")
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    rl_run_id: RunOwner = DEFAULT_RUN
     bound_env_id: Id | None = Field(
         default=None, description="An env whose current observation /policy/step reads by default."
     )
@@ -337,18 +343,24 @@ class PolicyStepRequest(Request):
     record_logprobs: bool = Field(default=False, description="Request and return token ids and logprobs.")
 
 
-class LLMCallRecord(BaseModel):
+class LLMTokens(BaseModel):
+    """One model call's token ids and logprobs, exactly as the server returned them (null when it
+    returns none, as OpenAI's does): what a trainer needs of it."""
+
+    prompt_token_ids: list[int] | None = Field(
+        default=None, description="The prompt as the server tokenized it."
+    )
+    completion_token_ids: list[int] | None = Field(default=None, description="The reply's tokens.")
+    completion_logprobs: list[float] | None = Field(default=None, description="One logprob per reply token.")
+
+
+class LLMCallRecord(LLMTokens):
     model: str | None = Field(default=None, description="The model that answered.")
     latency_ms: float = Field(description="Time of the call, retries included.")
     attempts: int = Field(description="HTTP attempts made (1 + retries).")
     finish_reason: str | None = Field(default=None, description="As the server returned it.")
     usage: dict[str, Any] | None = Field(
         default=None, description="Token counts as the server returned them."
-    )
-    prompt_token_ids: list[int] | None = Field(default=None, description="vLLM's prompt token ids.")
-    completion_token_ids: list[int] | None = Field(default=None, description="vLLM's completion token ids.")
-    completion_logprobs: list[float] | None = Field(
-        default=None, description="One logprob per completion token."
     )
     error: str | None = Field(default=None, description="Why the call failed, if it did.")
     weights_version: int | None = Field(
@@ -484,7 +496,7 @@ class RolloutPlan(Request):
     safety: RolloutSafetyConfig = Field(
         default_factory=RolloutSafetyConfig, description="Bounds (a group: of each member)."
     )
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    rl_run_id: RunOwner = DEFAULT_RUN
     mode: Literal["rl", "eval"] = Field(
         default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
     )
@@ -537,14 +549,6 @@ class RolloutRequest(RolloutPlan):
 
     def op_list(self) -> list[str]:
         return list(self.ops) if self.ops is not None else ["agent", "env"] * (self.max_turns or 0)
-
-
-class LLMTokens(BaseModel):
-    prompt_token_ids: list[int] | None = Field(default=None, description="vLLM's prompt token ids.")
-    completion_token_ids: list[int] | None = Field(default=None, description="vLLM's completion token ids.")
-    completion_logprobs: list[float] | None = Field(
-        default=None, description="One logprob per completion token."
-    )
 
 
 class RolloutStep(BaseModel):
@@ -781,7 +785,7 @@ class RunAbortResponse(BaseModel):
 class RunMemberStatus(BaseModel):
     group_index: int = Field(description="The member's index in the group.")
     run_id: str = Field(description="The member's own run id (`{group_id}.{index}`).")
-    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+    status: RunStatus = Field(description="Where it stands.")
     ops_executed: int = Field(description="Ops the member has done.")
     ops_total: int = Field(description="Ops the member was asked for.")
 
@@ -791,7 +795,7 @@ class RunProgress(BaseModel):
 
     run_id: str = Field(description="The id for /run/status/{run_id} and /run/abort.")
     kind: Literal["rollout", "group"] = Field(description="A single rollout or a GRPO group.")
-    status: Literal["running", "completed", "failed", "aborted"] = Field(description="Where it stands.")
+    status: RunStatus = Field(description="Where it stands.")
     started_at: float = Field(description="Unix time it started.")
     finished_at: float | None = Field(description="Unix time it finished; null while running.")
     ops_executed: int = Field(description="Ops done so far (a group: summed over its members).")
@@ -894,18 +898,13 @@ class BatchRolloutsRequest(Request):
     policy_config: ConfigDict_ = Field(
         description="More config for the agent (model and URL come from above)."
     )
-    rl_run_id: RunId = Field(default=DEFAULT_RUN, description=RL_RUN_ID_HELP)
+    rl_run_id: RunOwner = DEFAULT_RUN
     max_time_s: float = Field(default=3600.0, gt=0, le=86_400, description="Deadline of each rollout.")
 
 
-class TurnTokens(BaseModel):
-    """One model call: the token ids and logprobs exactly as the server returned them."""
+class TurnTokens(LLMTokens):
+    """One model call of a batch rollout: its tokens and why it stopped."""
 
-    prompt_token_ids: list[int] | None = Field(
-        default=None, description="The prompt as the server tokenized it."
-    )
-    completion_token_ids: list[int] | None = Field(default=None, description="The reply's tokens.")
-    completion_logprobs: list[float] | None = Field(default=None, description="One logprob per reply token.")
     finish_reason: str | None = Field(default=None, description="`stop`, `length`, `tool_calls`, ...")
 
 

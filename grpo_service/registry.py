@@ -20,6 +20,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from envs.base import Environment, Policy, StepResult
 from grpo_service.errors import CapacityExceeded, NotFound, WrongInstance
+from grpo_service.models import RunStatus
 
 # Every process tags the env, policy and run ids it issues with its instance, so that a request
 # reaching another replica (Modal does not route by id) gets a clear 421 instead of a misleading
@@ -93,9 +94,6 @@ class PolicyHandle(PluginHandle):
     policy_name: str = ""
     bound_env_id: str | None = None
     parent_policy_id: str | None = None
-
-
-RunStatus = Literal["running", "completed", "failed", "aborted"]
 
 
 @dataclass(eq=False)

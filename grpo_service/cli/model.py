@@ -10,7 +10,10 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from training.llm.model import ModelSpec
+
 console = Console()
+DEFAULT_SPEC = ModelSpec()
 
 
 def init_model_command(
@@ -25,17 +28,19 @@ def init_model_command(
     env: Annotated[
         list[str] | None, typer.Option("--env", help="Environments whose text to use (default: all).")
     ] = None,
-    vocab_size: Annotated[int, typer.Option(min=300, help="BPE vocabulary size (at most).")] = 4096,
-    hidden_size: Annotated[int, typer.Option(min=16)] = 192,
-    layers: Annotated[int, typer.Option(min=1)] = 4,
-    heads: Annotated[int, typer.Option(min=1)] = 6,
-    kv_heads: Annotated[int, typer.Option(min=1)] = 2,
-    intermediate_size: Annotated[int, typer.Option(min=16)] = 512,
-    max_positions: Annotated[int, typer.Option(min=64, help="Context length.")] = 4096,
-    seed: Annotated[int, typer.Option(min=0, help="Initialization seed.")] = 0,
+    vocab_size: Annotated[
+        int, typer.Option(min=300, help="BPE vocabulary size (at most).")
+    ] = DEFAULT_SPEC.vocab_size,
+    hidden_size: Annotated[int, typer.Option(min=16)] = DEFAULT_SPEC.hidden_size,
+    layers: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_layers,
+    heads: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_heads,
+    kv_heads: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_kv_heads,
+    intermediate_size: Annotated[int, typer.Option(min=16)] = DEFAULT_SPEC.intermediate_size,
+    max_positions: Annotated[int, typer.Option(min=64, help="Context length.")] = DEFAULT_SPEC.max_positions,
+    seed: Annotated[int, typer.Option(min=0, help="Initialization seed.")] = DEFAULT_SPEC.seed,
 ) -> None:
     """Make a small Qwen2 model here: a tokenizer trained on the environments' text, random weights."""
-    from training.llm.model import ModelSpec, environment_corpus, init_model, jsonl_corpus
+    from training.llm.model import environment_corpus, init_model, jsonl_corpus
 
     if hidden_size % heads or heads % kv_heads:
         raise typer.BadParameter("hidden-size must divide by heads, and heads by kv-heads")

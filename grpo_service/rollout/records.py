@@ -8,6 +8,7 @@ from typing import Any
 from envs.base import StepResult
 from grpo_service.models import (
     LLMCallRecord,
+    LLMTokens,
     RolloutMetrics,
     RolloutRecordConfig,
     RolloutRequest,
@@ -40,7 +41,7 @@ def records_tokens(req: RolloutRequest) -> bool:
 
 
 # What a record without tokens leaves out: the server's token ids and logprobs.
-TOKEN_FIELDS = ("prompt_token_ids", "completion_token_ids", "completion_logprobs")
+TOKEN_FIELDS = tuple(LLMTokens.model_fields)
 
 
 def strip_images(observation: dict[str, Any]) -> dict[str, Any]:
