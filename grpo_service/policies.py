@@ -52,6 +52,11 @@ class PolicyManager(LiveObjects[PolicyHandle]):
         policy = cls.create(config, self.context)
         return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)
 
+    def check_config(self, policy_name: str, config: dict[str, Any] | None) -> None:
+        """Raise what creating this policy would raise (`InvalidConfig`: a 422). A plug-in
+        acquires nothing until it steps, so the trial instance is simply dropped."""
+        policy_class(policy_name).create(config, self.context)
+
     async def step(
         self, handle: PolicyHandle, observation: dict[str, Any], options: StepOptions
     ) -> PolicyDecision:

@@ -146,6 +146,27 @@ CASES: dict[str, Case] = {
     "group over max_group_size": Case(
         "/rollout/group", {**GROUP, "group_size": 300, "max_turns": 1}, 422, "group_too_large"
     ),
+    # A config the policy refuses refuses the group, rather than failing each of its members.
+    "group with a prompt format the policy lacks": Case(
+        "/rollout/group",
+        {
+            **GROUP,
+            "max_turns": 1,
+            "policy": {"policy_name": "crafter-react", "config": {"prompt_format": "agentgym"}},
+        },
+        422,
+        "invalid_config",
+    ),
+    "group with an oracle teacher on Crafter": Case(
+        "/rollout/group",
+        {
+            **GROUP,
+            "max_turns": 1,
+            "policy": {"policy_name": "crafter-react", "config": {"teacher": "oracle"}},
+        },
+        422,
+        "invalid_config",
+    ),
     # NaN and infinities (Python's json parses them; JSON has none)
     "seed NaN": Case("/env/create", raw=b'{"env_name": "crafter", "seed": NaN}'),
     "max_time_s Infinity": Case(

@@ -206,6 +206,8 @@ class RolloutCoordinator:
             )
         if req.policy.policy_name and req.env.env_name:  # before G envs are built for nothing
             check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
+        if req.policy.policy_name:  # a config the policy refuses is the caller's 422, not G failed members
+            self.policies.check_config(req.policy.policy_name, req.policy.config)
         group_id = req.group_id or new_instance_id()
         member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
         self.runs.admit([group_id, *member_ids])
