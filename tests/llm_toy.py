@@ -1,10 +1,11 @@
 """A one-decision toy environment and its LLM policy, registered only while a test runs.
 
-``toy-words``: the agent names words; the reward is 1 when what it said contains the letter
-``e``. The policy offers one tool, ``say(actions: [word])`` (a teacher calls it with words from
-the enum); a reply without a parsable call is taken as the spoken text itself. So a model far
-too small to call tools yet still earns rewards that vary within a group: the signal a test of
-the GRPO loop needs, in seconds.
+``toy-words``: the agent names words; the reward is the share of the letter ``e`` among the
+letters it said (graded, so two different answers almost never tie). The policy offers one
+tool, ``say(actions: [word])`` (a teacher calls it with words from the enum); a reply without a
+parsable call is taken as the spoken text itself. So a model far too small to call tools yet
+still earns rewards that vary within a group: the signal a test of the GRPO loop needs, in
+seconds.
 """
 
 from __future__ import annotations
@@ -64,7 +65,8 @@ class ToyWordsEnv(Environment[PluginConfig]):
             raise EpisodeOver("the round is over")
         said = " ".join(map(str, actions))
         self._done, self._steps = True, 1
-        result = self._result(1.0 if "e" in said else 0.0)
+        letters = [c for c in said.lower() if c.isalpha()]
+        result = self._result(letters.count("e") / len(letters) if letters else 0.0)
         result.info["actions"] = [said]
         return result
 
