@@ -213,6 +213,18 @@ class PolicyDecision:
     error: str | None = None
     error_detail: str | None = None
 
+    @classmethod
+    def no_oracle_action(cls, meta: dict[str, Any] | None = None) -> PolicyDecision:
+        """The failed decision of a policy that plays the env's scripted solver (the ``oracle``
+        policy, an agent with ``teacher: oracle``) when the observation carries no ``oracle_action``."""
+        return cls(
+            tool_calls=[],
+            meta=meta or {},
+            error="no_oracle_action",
+            error_detail="the observation has no oracle_action: create the env with config "
+            "{'oracle': true} (the solver may also have given up on this task)",
+        )
+
 
 @dataclass(slots=True)
 class PolicyContext:

@@ -39,12 +39,7 @@ class OraclePolicy(Policy[PluginConfig]):
     async def step(self, observation: dict[str, Any], options: StepOptions = StepOptions()) -> PolicyDecision:
         action = observation.get("oracle_action")
         if action is None:
-            return PolicyDecision(
-                tool_calls=[],
-                error="no_oracle_action",
-                error_detail="the observation has no oracle_action: create the env with config "
-                "{'oracle': true} (the solver may also have given up on this task)",
-            )
+            return PolicyDecision.no_oracle_action()
         call = {"id": f"oracle_{self.turn_index}", "tool": TOOL_NAME, "args": {"action": action}}
         if not options.dry_run:
             self.turn_index += 1

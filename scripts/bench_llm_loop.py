@@ -289,7 +289,7 @@ def main() -> None:
                     env_name=game.env,
                     policy_name=game.policy,
                     policy_config=policy_config(args, temperature=1.0),
-                    seeds=game.task_ids(0, args.teacher_tasks),
+                    seeds=teacher_tasks,  # GRPO plays the tasks SFT was distilled from
                     steps=args.rl_steps,
                     groups_per_step=args.groups,
                     group_size=args.group_size,

@@ -295,13 +295,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         action = observation.get("oracle_action")
         meta["model"] = ORACLE_MODEL
         if action is None:
-            return PolicyDecision(
-                [],
-                meta,
-                error="no_oracle_action",
-                error_detail="the observation has no oracle_action: create the env with config "
-                "{'oracle': true} (the solver may also have given up on this task)",
-            )
+            return PolicyDecision.no_oracle_action(meta)
         self.turn_index += 1
         self._pending = None
         if self.prompt_format == "agentgym":
