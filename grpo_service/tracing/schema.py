@@ -199,9 +199,14 @@ _V2 = (
         FROM sessions s""",
 )
 
+# vLLM's replies do not name the weights that made them: the version the policy was told is
+# kept beside each call (before, only serve-model's replies carried it, inside `response`).
+_V3 = ("ALTER TABLE llm_calls ADD COLUMN weights_version INTEGER",)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, turns, messages, llm_calls, env_steps, rewards, writer bookkeeping", _V1),
     Migration(2, "indexes for export filters and the session_summary view", _V2),
+    Migration(3, "llm_calls.weights_version: the weights that sampled each call", _V3),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
