@@ -500,6 +500,12 @@ class RolloutPlan(Request):
     mode: Literal["rl", "eval"] = Field(
         default="rl", description="Recorded in the trace; `grpo-service export-sft` leaves `eval` out."
     )
+    weights_version: int | None = Field(
+        default=None,
+        ge=0,
+        description="The version of the weights the policy's inference server serves, recorded on every "
+        "LLM call whose reply names none (vLLM's do not): a GRPO trainer sets it after each weight update.",
+    )
 
     @model_validator(mode="after")
     def _ops(self) -> RolloutPlan:

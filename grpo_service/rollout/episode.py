@@ -168,6 +168,9 @@ class EpisodeLoop:
         step = self.policies.step(self.policy, self._current.observation, options)
         decision = await self._guarded(step)
         self.run.llm_s += time.monotonic() - started
+        call = decision.llm_call
+        if call is not None and call.weights_version is None:
+            call.weights_version = self.req.weights_version
         self._pending = DecisionTrace(
             turn=self.turn, observation=self._current.observation, decision=decision
         )

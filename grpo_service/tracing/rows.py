@@ -43,7 +43,7 @@ MESSAGE_COLUMNS = _columns("session_id idx turn source role content tool_calls t
 LLM_COLUMNS = _columns(
     "session_id turn model request response finish_reason prompt_tokens completion_tokens "
     "total_tokens usage latency_ms attempts error prompt_token_ids completion_token_ids "
-    "completion_logprobs"
+    "completion_logprobs weights_version"
 )
 ENV_STEP_COLUMNS = _columns(
     "session_id turn episode actions actions_executed reward done truncated step_idx "
@@ -193,6 +193,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
                     dumps(call.prompt_token_ids),
                     dumps(call.completion_token_ids),
                     dumps(call.completion_logprobs),
+                    call.weights_version,
                 )
             )
         t["turns"].append(

@@ -201,7 +201,11 @@ _V2 = (
         FROM sessions s""",
 )
 
-_V3 = (
+# vLLM's replies do not name the weights that made them: the version the policy was told is
+# kept beside each call (before, only serve-model's replies carried it, inside `response`).
+_V3 = ("ALTER TABLE llm_calls ADD COLUMN weights_version INTEGER",)
+
+_V4 = (
     "ALTER TABLE sessions ADD COLUMN parent_index INTEGER",
     "ALTER TABLE sessions ADD COLUMN fork_turn INTEGER",
 )
@@ -209,7 +213,8 @@ _V3 = (
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, turns, messages, llm_calls, env_steps, rewards, writer bookkeeping", _V1),
     Migration(2, "indexes for export filters and the session_summary view", _V2),
-    Migration(3, "sessions.parent_index and fork_turn: a forking group's tree", _V3),
+    Migration(3, "llm_calls.weights_version: the weights that sampled each call", _V3),
+    Migration(4, "sessions.parent_index and fork_turn: a forking group's tree", _V4),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
