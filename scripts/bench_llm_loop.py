@@ -278,7 +278,7 @@ def main() -> None:
                 sft = {"final": str(args.sft_from / "sft" / "final")}
                 report["sft"] = previous["sft"]
                 report["export"] = previous.get("export")
-            engine.load_weights(sft["final"])
+            engine.reload_weights(sft["final"])
             report["eval_sft"] = evaluate(app, game, eval_tasks, args)
             lap("eval sft")
             rl = train_rl(
