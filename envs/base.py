@@ -103,6 +103,9 @@ class Environment(abc.ABC, Generic[ConfigT]):
     inline_step_max_actions: ClassVar[int] = 0
     # Achievements an episode can unlock, in the order evaluation reports them (none: a task).
     achievements: ClassVar[tuple[str, ...]] = ()
+    # Whether ``get_state`` works mid-episode, so that a forking GRPO group can copy it at any
+    # turn. An env whose state lives where it cannot be read (a remote session) says False.
+    snapshots_mid_episode: ClassVar[bool] = True
 
     config: ConfigT
     seed: int

@@ -17,8 +17,9 @@ TINY = ModelSpec(
     vocab_size=512,
     hidden_size=32,
     num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=32,
     intermediate_size=64,
     max_positions=1024,
 )

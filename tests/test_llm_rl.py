@@ -101,12 +101,13 @@ def test_group_request_points_the_policy_at_the_model_server() -> None:
         group_size=3,
         max_turns=7,
     )
-    body = group_request(config, seed=42, served_model="tiny", step=2, index=1)
+    body = group_request(config, seed=42, served_model="tiny", step=2, index=1, version=5)
     assert body["policy"]["config"] == {
         "temperature": 1.0,
         "inference_url": "http://127.0.0.1:9",
         "model": "tiny",
     }
+    assert body["weights_version"] == 5
     assert body["env"] == {"env_name": "babyai", "seed": 42, "config": {"level": 1}}
     assert body["mode"] == "rl" and body["record"]["logprobs"] is True and body["group_size"] == 3
     assert body["group_id"].startswith("grpo-s2-g1-")
@@ -142,4 +143,5 @@ def test_a_task_app_that_keeps_failing_stops_the_run_with_a_checkpoint(tmp_path)
     assert result["steps"] == MAX_FAILED_STEPS - 1 and "task app down" in result["error"]
     assert task_app.calls == MAX_FAILED_STEPS * config.groups_per_step
     assert (tmp_path / "rl" / "final" / "config.json").exists()
-    assert result["weights_version_first"] == result["weights_version_last"] == 1
+    assert result["weights_version_first"] == result["weights_version_last"] == 0
+    assert engine.weights_version == "0"

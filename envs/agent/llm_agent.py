@@ -48,6 +48,7 @@ from inference import openai_client
 from inference.calls import LLMCall
 from inference.completions import chat_choice
 from inference.errors import InferenceError
+from inference.reasoning import reply_reasoning
 from inference.tool_calls import wire_tool_call
 
 STATE_VERSION = 1
@@ -348,10 +349,14 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             finish_reason=call.finish_reason,
             model=call.model or self.model,
         )
-        if message.get("content"):
-            meta["assistant_content"] = message["content"]
-        if message.get("reasoning_content"):
-            meta["reasoning_content"] = message["reasoning_content"]
+        # A <think> block is reasoning wherever the server left it: the reply is parsed and
+        # replayed without it (Qwen3's template drops past reasoning too).
+        reasoning, content = reply_reasoning(message)
+        message = {**message, "content": content}
+        if content:
+            meta["assistant_content"] = content
+        if reasoning:
+            meta["reasoning_content"] = reasoning
 
         reply = self.parse_reply(message, call.finish_reason)
         keep_text = self.prompt_format == "agentgym" or reply.error is not None

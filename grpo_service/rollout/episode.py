@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from envs.base import StepOptions, StepResult
@@ -53,13 +53,22 @@ class EpisodeLoop:
         *,
         llm_timeout_s: float,
         deadline: float,
+        policy: PolicyHandle | None = None,
+        first_turn: int = 0,
+        before_decision: Callable[[EpisodeLoop, int], Awaitable[None]] | None = None,
     ) -> None:
         self.run, self.req, self.env, self.owns_env = run, req, env, owns_env
         self.envs, self.policies = envs, policies
         self.llm_timeout_s, self.deadline = llm_timeout_s, deadline
         self.with_tokens = records_tokens(req)
-        self.policy: PolicyHandle | None = None
-        self.owns_policy = False
+        # An adopted policy (a fork's copy) is this rollout's to release, like an adopted env.
+        self.policy: PolicyHandle | None = policy
+        self.owns_policy = policy is not None
+        # A fork's continuation numbers its turns on from its parent's (the turns before are the parent's).
+        self.first_turn = first_turn
+        # Called with each decision's turn before the policy is asked: a forking group copies the
+        # env and policy there.
+        self.before_decision = before_decision
         self.decisions: list[DecisionTrace] = []
         self.episodes: list[Episode] = []
         self.ops_executed = 0
@@ -114,15 +123,8 @@ class EpisodeLoop:
             self.run.ops_executed = self.ops_executed
 
     async def _start(self) -> None:
-        spec = self.req.policy
-        if spec.policy_id is not None:
-            self.policy = unshared(self.policies.get(spec.policy_id), "policy")
-        else:
-            assert spec.policy_name is not None
-            self.policy = await self.policies.create(
-                spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
-            )
-            self.owns_policy = True
+        if self.policy is None:
+            self.policy, self.owns_policy = await self._resolve_policy()
         self.policy.pins += 1
         self._current = await self.envs.current(self.env)
         if self._current.done:
@@ -133,6 +135,17 @@ class EpisodeLoop:
             await self._reset()
         self.episodes.append(Episode(index=0, seed=self.envs.seed(self.env)))
 
+    async def _resolve_policy(self) -> tuple[PolicyHandle, bool]:
+        """The policy to play and whether this rollout owns it (and must release it)."""
+        spec = self.req.policy
+        if spec.policy_id is not None:
+            return unshared(self.policies.get(spec.policy_id), "policy"), False
+        assert spec.policy_name is not None
+        created = await self.policies.create(
+            spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
+        )
+        return created, True
+
     def _check_limits(self) -> None:
         if self.run.abort.is_set():
             raise Stop("aborted")
@@ -142,8 +155,15 @@ class EpisodeLoop:
         if max_ops is not None and self.ops_executed >= max_ops:
             raise Stop("max_ops")
 
+    @property
+    def turn(self) -> int:
+        """The turn of the next decision."""
+        return self.first_turn + len(self.decisions)
+
     async def _decide(self) -> None:
         assert self._current is not None
+        if self.before_decision is not None:
+            await self.before_decision(self, self.turn)
         started = time.monotonic()
         timeout = min(self.llm_timeout_s, max(0.001, self.deadline - started))
         assert self.policy is not None
@@ -151,8 +171,11 @@ class EpisodeLoop:
         step = self.policies.step(self.policy, self._current.observation, options)
         decision = await self._guarded(step)
         self.run.llm_s += time.monotonic() - started
+        call = decision.llm_call
+        if call is not None and call.weights_version is None:
+            call.weights_version = self.req.weights_version
         self._pending = DecisionTrace(
-            turn=len(self.decisions), observation=self._current.observation, decision=decision
+            turn=self.turn, observation=self._current.observation, decision=decision
         )
         self.decisions.append(self._pending)
         if decision.error:
