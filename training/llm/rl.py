@@ -99,17 +99,23 @@ def group_request(
 
 
 def member_reward(result: dict[str, Any], format_penalty: float = 0.0, max_turns: int = 1) -> float:
-    """The rollout's return; if the policy failed to act, minus ``format_penalty`` scaled by the
-    share of ``max_turns`` it did not play (a rollout that acted longer before failing loses less)."""
+    """The rollout's return, minus ``format_penalty`` times the share of ``max_turns`` lost to
+    invalid replies: each invalid turn (answered or not), and the turns a rollout that ended in a
+    policy error did not play. A rollout with no invalid turn loses nothing, however short."""
     reward = float(sum(t["total_reward"] for t in result["trajectories"]))
-    if format_penalty and str(result.get("stop_reason", "")).startswith("policy_error:"):
-        acted = sum(1 for t in result["trajectories"] for s in t["steps"] if not s.get("decision_error"))
-        reward -= format_penalty * (1.0 - min(acted, max_turns) / max_turns)
+    if format_penalty:
+        steps = [s for t in result["trajectories"] for s in t["steps"]]
+        lost = sum(1 for s in steps if s.get("decision_error"))
+        if str(result.get("stop_reason", "")).startswith("policy_error:"):
+            lost += max(0, max_turns - len(steps))
+        reward -= format_penalty * min(lost, max_turns) / max_turns
     return reward
 
 
 def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
-    """Advantages from the members' rewards, and one sample per recorded decision."""
+    """Advantages from the members' rewards, and one sample per recorded decision: an invalid
+    turn's completion is the sampler's as much as a valid one's, so it is trained on with its
+    rollout's advantage (the format penalty is what makes it worse than a valid turn)."""
     stats: Counter[str] = Counter()
     rewards: list[float] = []
     group_ids: list[int] = []
