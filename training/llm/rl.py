@@ -101,20 +101,25 @@ def group_request(
 
 
 def member_reward(result: dict[str, Any], format_penalty: float = 0.0, max_turns: int = 1) -> float:
-    """The rollout's return; if the policy failed to act, minus ``format_penalty`` scaled by the
-    share of ``max_turns`` it did not play (a rollout that acted longer before failing loses less)."""
+    """The rollout's return, minus ``format_penalty`` times the share of ``max_turns`` lost to
+    invalid replies: each invalid turn (answered or not), and the turns a rollout that ended in a
+    policy error did not play. A rollout with no invalid turn loses nothing, however short."""
     reward = float(sum(t["total_reward"] for t in result["trajectories"]))
-    return reward - failure_penalty(result, format_penalty, max_turns)
+    per_step, unplayed = format_losses(result, format_penalty, max_turns)
+    return reward - sum(per_step) - unplayed
 
 
-def failure_penalty(result: dict[str, Any], format_penalty: float, max_turns: int) -> float:
-    """What a rollout that ended in a policy error loses (0 otherwise); a fork's continuation
-    counts its parent's turns before ``fork_turn`` as acted."""
-    if not format_penalty or not str(result.get("stop_reason", "")).startswith("policy_error:"):
-        return 0.0
-    acted = sum(1 for t in result["trajectories"] for s in t["steps"] if not s.get("decision_error"))
-    acted += result.get("fork_turn") or 0
-    return format_penalty * (1.0 - min(acted, max_turns) / max_turns)
+def format_losses(result: dict[str, Any], format_penalty: float, max_turns: int) -> tuple[list[float], float]:
+    """`member_reward`'s format penalty, split: per recorded step (``format_penalty / max_turns``
+    for an invalid turn), and for the turns a rollout that ended in a policy error did not play (a
+    fork's continuation played its parent's turns before ``fork_turn``)."""
+    steps = _steps(result)
+    unit = format_penalty / max_turns
+    per_step = [unit if s.get("decision_error") else 0.0 for s in steps]
+    unplayed = 0.0
+    if format_penalty and str(result.get("stop_reason", "")).startswith("policy_error:"):
+        unplayed = unit * max(0, max_turns - len(steps) - (result.get("fork_turn") or 0))
+    return per_step, unplayed
 
 
 @dataclass
@@ -190,9 +195,10 @@ def tree_credit(groups: list[dict[str, Any]], config: RLConfig, stats: Counter[s
             steps = _steps(result)
             of_step = [bisect_right(cuts, s["turn"]) for s in steps]  # the stretch each turn is in
             rewards = [0.0] * len(nodes)
-            for s, j in zip(steps, of_step, strict=True):
-                rewards[j] += s["reward"]
-            rewards[-1] -= failure_penalty(result, config.format_penalty, config.max_turns)
+            losses, unplayed = format_losses(result, config.format_penalty, config.max_turns)
+            for s, j, lost in zip(steps, of_step, losses, strict=True):
+                rewards[j] += s["reward"] - lost
+            rewards[-1] -= unplayed
             first = len(branches)
             ends = [*nodes[1:], None]
             branches += [Branch(n, r, end) for n, r, end in zip(nodes, rewards, ends, strict=True)]
@@ -210,7 +216,9 @@ def tree_credit(groups: list[dict[str, Any]], config: RLConfig, stats: Counter[s
 
 
 def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
-    """Advantages (`group_credit` or `tree_credit`), and one sample per recorded decision."""
+    """Advantages (`group_credit` or `tree_credit`), and one sample per recorded decision: an
+    invalid turn's completion is the sampler's as much as a valid one's, so it is trained on with
+    its advantage (the format penalty is what makes it worse than a valid turn)."""
     stats: Counter[str] = Counter()
     credit = (tree_credit if config.advantage == "tree" else group_credit)(groups, config, stats)
     stats["groups"] = len(groups)
