@@ -47,6 +47,15 @@ def test_advantages_are_group_relative_and_every_decision_is_a_sample() -> None:
     assert s.prompt_ids == [1, 2, 3] and s.completion_ids == [7, 8] and s.old_logprobs == [-0.5, -0.25]
 
 
+def test_an_invalid_turn_is_a_sample_with_its_rollouts_advantage() -> None:
+    invalid = {**step(1), "decision_error": "no_action", "feedback": "Error: ..."}
+    groups = [{"members": [member("a.0", [1.0], [step(0), invalid]), member("a.1", [0.0], [step(0)])]}]
+    batch = build_batch(groups, CONFIG.model_copy(update={"format_penalty": 0.5, "max_turns": 2}), version=3)
+    assert batch.rewards == [0.75, 0.0]
+    assert [(s.run_id, s.turn) for s in batch.samples] == [("a.0", 0), ("a.0", 1), ("a.1", 0)]
+    assert batch.samples[0].advantage == batch.samples[1].advantage > 0
+
+
 def test_stale_untokenized_and_failed_are_dropped_and_counted() -> None:
     failed = {"run_id": "a.2", "status": "failed", "result": None, "error": "boom"}
     groups = [
@@ -74,6 +83,11 @@ def test_format_penalty_and_rewards_summed_over_episodes() -> None:
     steps = [{"turn": 0}, {"turn": 1}, {"turn": 2, "decision_error": "invalid_action"}]
     later = member("x", [0.25], steps, stop="policy_error:invalid_action")["result"]
     assert member_reward(later, 1.0, max_turns=4) == pytest.approx(0.25 - 0.5)
+    # Answered invalid turns cost their share; a short rollout without one loses nothing.
+    answered = member("x", [0.25], steps + [{"turn": 3, "decision_error": "no_action"}])["result"]
+    assert member_reward(answered, 1.0, max_turns=4) == pytest.approx(0.25 - 0.5)
+    short = member("x", [1.0], [{"turn": 0}], stop="episode_done")["result"]
+    assert member_reward(short, 1.0, max_turns=4) == 1.0
 
 
 def test_group_request_points_the_policy_at_the_model_server() -> None:
@@ -87,12 +101,13 @@ def test_group_request_points_the_policy_at_the_model_server() -> None:
         group_size=3,
         max_turns=7,
     )
-    body = group_request(config, seed=42, served_model="tiny", step=2, index=1)
+    body = group_request(config, seed=42, served_model="tiny", step=2, index=1, version=5)
     assert body["policy"]["config"] == {
         "temperature": 1.0,
         "inference_url": "http://127.0.0.1:9",
         "model": "tiny",
     }
+    assert body["weights_version"] == 5
     assert body["env"] == {"env_name": "babyai", "seed": 42, "config": {"level": 1}}
     assert body["mode"] == "rl" and body["record"]["logprobs"] is True and body["group_size"] == 3
     assert body["group_id"].startswith("grpo-s2-g1-")
@@ -128,4 +143,5 @@ def test_a_task_app_that_keeps_failing_stops_the_run_with_a_checkpoint(tmp_path)
     assert result["steps"] == MAX_FAILED_STEPS - 1 and "task app down" in result["error"]
     assert task_app.calls == MAX_FAILED_STEPS * config.groups_per_step
     assert (tmp_path / "rl" / "final" / "config.json").exists()
-    assert result["weights_version_first"] == result["weights_version_last"] == 1
+    assert result["weights_version_first"] == result["weights_version_last"] == 0
+    assert engine.weights_version == "0"

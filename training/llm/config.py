@@ -100,9 +100,10 @@ class RLConfig(_Config):
     format_penalty: float = Field(
         default=0.0,
         ge=0,
-        description="A rollout that ended in a policy error (no tool call, invalid action) loses this, "
-        "scaled by the share of max_turns it did not play: a format reward, the signal a model that "
-        "cannot yet act needs first.",
+        description="A rollout loses this times the share of max_turns lost to invalid replies (no "
+        "tool call or action line, an invalid action: each answered invalid turn, and the unplayed "
+        "turns after one that ended the rollout): a format reward, the signal a model that cannot yet "
+        "act needs first.",
     )
     fidelity_tolerance: float = Field(
         default=1e-3, gt=0, description="Warn when server and trainer logprobs differ by more."

@@ -8,8 +8,10 @@ counted). Every decision of a rollout becomes one training sequence made of the 
 token ids (prompt + completion, never re-tokenized) with a mask over the completion, the
 sampler's logprobs as the old policy, and the rollout's advantage. The clipped objective is
 `training.grpo.policy_loss` (optionally with a k3 KL to the start model). After the update the
-weights are saved and pushed to the model server, whose weights version then advances; samples
-drawn from older weights than ``max_staleness`` allows are dropped and counted.
+weights are saved and loaded into the running server (vLLM or serve-model, through vLLM's
+weight-sync routes: `training.llm.weight_sync`) as the next weights version, which the policies
+record in every call; samples drawn from older weights than ``max_staleness`` allows are
+dropped and counted.
 
 Before the first update on a batch, the trainer's logprobs are recomputed under the weights that
 sampled it: their largest difference from the server's is logged every step
@@ -32,7 +34,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-import httpx
 import torch
 
 from training.grpo import group_advantages, policy_loss
@@ -40,33 +41,13 @@ from training.llm.config import RLConfig
 from training.llm.logprobs import TokenBatch, token_logprobs
 from training.llm.model import load
 from training.llm.run import RunDir, rng_state, save_weights, set_rng_state
+from training.llm.weight_sync import WeightSync
 
 
 class TaskApp(Protocol):
     """What the trainer needs of the task app: one GRPO group per call (``POST /rollout/group``)."""
 
     async def rollout_group(self, body: dict[str, Any]) -> dict[str, Any]: ...
-
-
-class ModelServer:
-    """The model server's two training routes: what it serves, and loading new weights."""
-
-    def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
-        self.timeout_s = timeout_s
-
-    def served(self) -> dict[str, Any]:
-        r = httpx.get(f"{self.base_url}/v1/models", timeout=30)
-        r.raise_for_status()
-        return r.json()["data"][0]
-
-    def load_weights(self, path: Path) -> int:
-        r = httpx.post(f"{self.base_url}/v1/load_weights", json={"path": str(path)}, timeout=self.timeout_s)
-        if r.status_code != 200:
-            raise RuntimeError(
-                f"the model server refused the weights at {path}: {r.status_code} {r.text[:300]}"
-            )
-        return int(r.json()["weights_version"])
 
 
 @dataclass
@@ -95,7 +76,9 @@ class Batch:
 # ----------------------------------------------------------------------------- the rollouts
 
 
-def group_request(config: RLConfig, seed: int, served_model: str, step: int, index: int) -> dict[str, Any]:
+def group_request(
+    config: RLConfig, seed: int, served_model: str, step: int, index: int, version: int
+) -> dict[str, Any]:
     policy_config = {
         **config.policy_config,
         "inference_url": config.model_server_url,
@@ -111,21 +94,28 @@ def group_request(config: RLConfig, seed: int, served_model: str, step: int, ind
         "mode": "rl",
         "record": {"logprobs": True, "observations": False},
         "safety": {"max_time_s": config.rollout_timeout_s},
+        "weights_version": version,  # what the server serves: set by this trainer (vLLM does not say)
     }
 
 
 def member_reward(result: dict[str, Any], format_penalty: float = 0.0, max_turns: int = 1) -> float:
-    """The rollout's return; if the policy failed to act, minus ``format_penalty`` scaled by the
-    share of ``max_turns`` it did not play (a rollout that acted longer before failing loses less)."""
+    """The rollout's return, minus ``format_penalty`` times the share of ``max_turns`` lost to
+    invalid replies: each invalid turn (answered or not), and the turns a rollout that ended in a
+    policy error did not play. A rollout with no invalid turn loses nothing, however short."""
     reward = float(sum(t["total_reward"] for t in result["trajectories"]))
-    if format_penalty and str(result.get("stop_reason", "")).startswith("policy_error:"):
-        acted = sum(1 for t in result["trajectories"] for s in t["steps"] if not s.get("decision_error"))
-        reward -= format_penalty * (1.0 - min(acted, max_turns) / max_turns)
+    if format_penalty:
+        steps = [s for t in result["trajectories"] for s in t["steps"]]
+        lost = sum(1 for s in steps if s.get("decision_error"))
+        if str(result.get("stop_reason", "")).startswith("policy_error:"):
+            lost += max(0, max_turns - len(steps))
+        reward -= format_penalty * min(lost, max_turns) / max_turns
     return reward
 
 
 def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
-    """Advantages from the members' rewards, and one sample per recorded decision."""
+    """Advantages from the members' rewards, and one sample per recorded decision: an invalid
+    turn's completion is the sampler's as much as a valid one's, so it is trained on with its
+    rollout's advantage (the format penalty is what makes it worse than a valid turn)."""
     stats: Counter[str] = Counter()
     rewards: list[float] = []
     group_ids: list[int] = []
@@ -261,11 +251,12 @@ MAX_FAILED_STEPS = 3
 
 
 async def collect(
-    task_app: TaskApp, config: RLConfig, step: int, served: str
+    task_app: TaskApp, config: RLConfig, step: int, served: str, version: int
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The step's groups, and the errors of the group requests that failed (they are skipped)."""
     bodies = [
-        group_request(config, _seed(config, step, i), served, step, i) for i in range(config.groups_per_step)
+        group_request(config, _seed(config, step, i), served, step, i, version)
+        for i in range(config.groups_per_step)
     ]
     answers = await asyncio.gather(*(task_app.rollout_group(b) for b in bodies), return_exceptions=True)
     groups = [a for a in answers if not isinstance(a, BaseException)]
@@ -283,7 +274,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
     torch.manual_seed(config.seed)
     random.seed(config.seed)
     run = RunDir(config.out or Path(ctx.models_dir) / ctx.model_name)
-    server = ModelServer(config.model_server_url)
+    server = WeightSync(config.model_server_url)
     checkpoint = run.latest_checkpoint()
     model, tokenizer = load(checkpoint or config.model)
     model.train()
@@ -303,7 +294,10 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
         step = state["step"]
         run.truncate_metrics(step)
         console.print(f"resuming from {checkpoint} (step {step} of {config.steps})")
-    version = server.load_weights(start_weights)
+    # Versions count the weights pushed: the start weights are version `step` (0, or the step
+    # resumed from), and each update adds one, so versions only grow, across resumes too.
+    version = step
+    server.load(start_weights, version)
     served = server.served()["id"]
     first_version = version
     totals: Counter[str] = Counter()
@@ -325,7 +319,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
             if ctx is not None and ctx.stop_reason():
                 break
             t0 = time.monotonic()
-            groups, errors = asyncio.run(collect(task_app, config, step, served))
+            groups, errors = asyncio.run(collect(task_app, config, step, served, version))
             rollout_s = time.monotonic() - t0
             for error in errors:
                 console.print(f"[yellow]group request failed[/]: {error}")
@@ -367,7 +361,8 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                         f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g})"
                     )
                 path = save_weights(weights_dir / f"step-{step + 1}", model, tokenizer)
-                version = server.load_weights(path)
+                version += 1
+                record["weight_sync_s"] = round(server.load(path, version), 3)
                 for old in sorted(weights_dir.glob("step-*"), key=lambda p: int(p.name[5:]))[:-2]:
                     shutil.rmtree(old, ignore_errors=True)
                 record.update(metrics)
