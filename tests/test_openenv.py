@@ -7,6 +7,7 @@ at capacity); bad frames get OpenEnv's error frames and the session goes on; `op
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -345,3 +346,26 @@ def test_documents(http: httpx.Client) -> None:
         assert {"episode_id", "step_count", "env_id"} <= set(schema["state"]["properties"])
         paths = http.get(f"{prefix}/openapi.json").json()["paths"]
         assert {"/health", "/metadata", "/schema", "/mcp"} <= set(paths) and "/reset" not in paths
+
+
+def test_the_readme_recipe_runs_as_written(venv: Path, base: str, tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Use it from OpenEnv", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    script = tmp_path / "readme.py"  # both blocks in one process: OpenEnv's import costs seconds
+    script.write_text("\n".join(blocks).replace("http://localhost:8000", base))
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "interact_many" in done.stdout and "Goal:" in done.stdout
+
+
+def test_attaching_to_another_workers_session_names_it(base: str) -> None:
+    foreign = "ffffffff-" + "0" * 32
+    with connect(
+        base.replace("http", "ws", 1) + f"/openenv/crafter/ws?session_id={foreign}", open_timeout=30
+    ) as ws:
+        error = json.loads(ws.recv(timeout=30))["data"]
+    assert error["code"] == "SESSION_ERROR" and "another worker" in error["message"]

@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from envs.base import ENVIRONMENTS, environment_class
@@ -231,7 +232,7 @@ def openenv_server(env_name: str, services: Services) -> FastAPI:
     """The OpenEnv server of environment ``env_name``, sharing the service's envs and settings."""
     cls = environment_class(env_name)
     sessions = Sessions(env_name, services)
-    server = FastAPI(
+    server = FastAPIOffline(  # its /docs load Swagger UI from the package, as the service's do
         title=f"grpo-service: {env_name} over OpenEnv",
         version=__version__,
         description=(__doc__ or "") + f"\n\nThe WebSocket: `ws://<host>{PREFIX}/{env_name}/ws`.",

@@ -23,7 +23,7 @@ from grpo_service.deps import Services
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
 from grpo_service.models import EnvAction
 from grpo_service.openenv.frames import ErrorCode, FrameError, ResetOptions, State, validation_failed
-from grpo_service.registry import EnvHandle, new_instance_id
+from grpo_service.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.tracing.episodes import EpisodeRecorder
 
 RL_RUN_ID = "openenv"
@@ -86,7 +86,15 @@ class Sessions:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None or session.closed:
-            raise FrameError(ErrorCode.SESSION_ERROR, f"unknown session_id {session_id!r:.80}", fatal=True)
+            message = f"unknown session_id {session_id!r:.80}: closed, expired, or never opened"
+            tagged = TAGGED_ID.match(session_id)
+            if tagged and tagged.group(1) != INSTANCE_ID:
+                message = (
+                    f"session {session_id} lives in another worker or replica (instance {tagged.group(1)}; "
+                    f"this is {INSTANCE_ID}): a WebSocket attaching to an MCP session needs a "
+                    "single-worker server"
+                )
+            raise FrameError(ErrorCode.SESSION_ERROR, message, fatal=True)
         return session
 
     def attach(self, session_id: str) -> Session:
