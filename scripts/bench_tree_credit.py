@@ -219,16 +219,17 @@ def plot(report: dict[str, Any], runs: dict[str, list[dict[str, Any]]], path: Pa
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for mode, results in runs.items():
         for i, r in enumerate(results):
-            xs = [m["turns_sampled_total"] for m in r["metrics"]]
+            # By step: step k plays the same start tasks in every run (the seeds list, cycled).
+            xs = [m["step"] for m in r["metrics"]]
             label = f"{mode}" if i == 0 else None
             success = [m["success_rate"] for m in r["metrics"]]
-            axes[0].plot(xs, success, color=colors[mode], alpha=0.7, label=label)
+            axes[0].plot(xs, success, "o-", color=colors[mode], alpha=0.7, label=label)
             silent = [m["groups_all_equal"] / max(1, m["groups"]) for m in r["metrics"]]
-            axes[1].plot(xs, silent, color=colors[mode], alpha=0.7, label=label)
-    axes[0].set_title("training success (roots' rollouts)")
+            axes[1].plot(xs, silent, "o-", color=colors[mode], alpha=0.7, label=label)
+    axes[0].set_title("training success of the roots (same tasks per step)")
     axes[1].set_title("share of groups with no signal")
     for ax in axes[:2]:
-        ax.set_xlabel("decisions sampled")
+        ax.set_xlabel("GRPO step")
         ax.set_ylim(0, 1)
         ax.legend()
     modes = list(report["modes"])
