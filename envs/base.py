@@ -294,6 +294,13 @@ class Policy(abc.ABC, Generic[ConfigT]):
     def observe_outcome(self, result: StepResult) -> None:  # noqa: B027 - optional hook
         """Called after the env executed this policy's tool calls (e.g. to keep history)."""
 
+    def answer_invalid(self, error: str, detail: str | None) -> str | None:
+        """The last decision could not be played (``error``: its kind, e.g. ``no_action``, or
+        ``invalid_action`` when the env refused it). Return the feedback the policy shows its model
+        in the next turn to go on (the turn is recorded as invalid and counts as a round), or None
+        to end the episode with ``policy_error:<error>`` (the default)."""
+        return None
+
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget the episode's history (called when the bound env resets)."""
 

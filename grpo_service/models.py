@@ -592,6 +592,11 @@ class RolloutStep(BaseModel):
         default=None, description="Why the decision failed, e.g. `no_tool_call`."
     )
     decision_error_detail: str | None = Field(default=None, description="The failure in words.")
+    feedback: str | None = Field(
+        default=None,
+        description="An invalid turn the policy answered (no env step was taken): what its model is "
+        "told in the next prompt.",
+    )
     llm: LLMCallRecord | None = Field(default=None, description="The LLM call behind the decision.")
     timing: dict[str, float] = Field(default_factory=dict, description="`llm_ms`, `env_ms`.")
 
@@ -618,6 +623,9 @@ class RolloutMetrics(BaseModel):
     mean_return: float = Field(description="Mean of `episode_returns`.")
     num_steps: int = Field(description="Env ticks executed.")
     num_decisions: int = Field(description="Policy decisions (LLM calls for an LLM policy).")
+    invalid_decisions: int = Field(
+        default=0, description="Decisions that could not be played (answered or ending the rollout)."
+    )
     num_episodes: int = Field(description="Episodes played (in part or whole).")
     achievements: list[str] = Field(description="Union over episodes.")
     achievements_count: int = Field(description="Distinct achievements.")
@@ -1061,6 +1069,9 @@ class BatchRolloutResult(BaseModel):
     score: float | None = Field(default=None, description="On the environment's own scale.")
     success: bool = Field(default=False, description="The task was solved.")
     rounds: int = Field(default=0, description="Agent turns used.")
+    invalid_rounds: int = Field(
+        default=0, description="Of them, replies the environment could not use (answered with feedback)."
+    )
     conversation: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages.")
     turns: list[TurnTokens] | None = Field(
         default=None, description="Per model call; null when the server returned no token ids."

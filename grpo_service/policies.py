@@ -74,6 +74,11 @@ class PolicyManager(LiveObjects[PolicyHandle]):
         handle.policy.observe_outcome(result)
 
     @staticmethod
+    def answer_invalid(handle: PolicyHandle, error: str, detail: str | None) -> str | None:
+        """The policy's decision could not be played: its feedback to go on, or None to end."""
+        return handle.policy.answer_invalid(error, detail)
+
+    @staticmethod
     def reset(handle: PolicyHandle) -> None:
         """The bound env started a new episode: the policy forgets the last one."""
         handle.policy.reset()

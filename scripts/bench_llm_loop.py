@@ -102,6 +102,7 @@ def evaluate(app: ServerThread, game: Game, tasks: list[int], args: argparse.Nam
         "mean_score": statistics.fmean(scores),
         "score_std": statistics.pstdev(scores),
         "mean_turns": statistics.fmean(r.turns for r in results),
+        "invalid_turns": sum(r.invalid_turns for r in results),
         "success_by_level": {k: statistics.fmean(v) for k, v in sorted(by_level.items())},
         "unsolved_by_stop_reason": dict(failures),
     }

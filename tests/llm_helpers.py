@@ -25,6 +25,9 @@ TINY = ModelSpec(
 )
 
 
-def make_tiny_model(path: Path, texts: list[str] | None = None, seed: int = 0) -> Path:
-    init_model(path, (texts or []) + CORPUS * 20, ModelSpec(**{**TINY.__dict__, "seed": seed}))
+def make_tiny_model(
+    path: Path, texts: list[str] | None = None, seed: int = 0, max_positions: int = TINY.max_positions
+) -> Path:
+    spec = ModelSpec(**{**TINY.__dict__, "seed": seed, "max_positions": max_positions})
+    init_model(path, (texts or []) + CORPUS * 20, spec)
     return path

@@ -23,6 +23,7 @@ from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from envs.base import ENVIRONMENTS, environment_class
@@ -65,7 +66,7 @@ class Closing(Exception):
 class Connection:
     """One WebSocket's session: frames in, exactly one reply per frame out (``close`` excepted)."""
 
-    def __init__(self, websocket: WebSocket, sessions: Sessions, session: Session) -> None:
+    def __init__(self, websocket: WebSocket, sessions: Sessions, session: Session | None) -> None:
         self.websocket = websocket
         self.sessions = sessions
         self.session = session
@@ -75,11 +76,14 @@ class Connection:
         """Answer frames until the session ends; return why it ended."""
         while True:
             try:
-                raw = await self._receive()
+                try:
+                    raw = await self._receive()
+                except FrameError as exc:  # the env went away while the socket was idle
+                    raise await self._fatal(exc) from None
                 reply = await self.answer(raw)
             except Closing as stop:
                 if stop.reason != "disconnected":
-                    await self._close(stop.code)
+                    await self.close(stop.code)
                 return stop.reason
             if reply is not None:
                 await self.send(reply)
@@ -92,16 +96,18 @@ class Connection:
             return await self._dispatch(self._parse(raw))
         except FrameError as exc:
             if exc.fatal:
-                await self.send(exc.frame())
-                raise Closing(
-                    exc.code.lower(), 1013 if exc.code == ErrorCode.CAPACITY_REACHED else 1000
-                ) from None
+                raise await self._fatal(exc) from None
             return exc.frame()
         except Closing:
             raise
         except Exception as exc:  # a fault here must not cost the client its session
             log.exception("OpenEnv frame failed on %s", self.sessions.env_name)
             return FrameError(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}").frame()
+
+    async def _fatal(self, exc: FrameError) -> Closing:
+        """Send the error that ends the session; the `Closing` to raise."""
+        await self.send(exc.frame())
+        return Closing(exc.code.lower(), 1013 if exc.code == ErrorCode.CAPACITY_REACHED else 1000)
 
     def _parse(self, raw: str) -> Frame:
         if len(raw) > self.settings.max_request_bytes:
@@ -128,6 +134,7 @@ class Connection:
 
     async def _dispatch(self, frame: Frame) -> dict[str, Any]:
         sessions, session = self.sessions, self.session
+        assert session is not None  # a connection without a session only sends its refusal
         match frame.type:
             case "reset":
                 return {"type": "observation", "data": await sessions.reset(session, frame.data)}
@@ -162,7 +169,7 @@ class Connection:
         try:
             message = await asyncio.wait_for(self.websocket.receive(), timeout=ttl)
         except TimeoutError:
-            self.sessions.state(self.session)  # SESSION_ERROR (fatal) if the reaper took the env
+            self.sessions.check_alive(self.session)  # type: ignore[arg-type]  # SESSION_ERROR (fatal) if the reaper took the env
             return None
         except (WebSocketDisconnect, RuntimeError):
             raise Closing("disconnected") from None
@@ -185,7 +192,7 @@ class Connection:
         except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
             raise Closing("disconnected") from None
 
-    async def _close(self, code: int) -> None:
+    async def close(self, code: int) -> None:
         if self.websocket.client_state == WebSocketState.CONNECTED:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.websocket.close(code), timeout=SEND_TIMEOUT_S)
@@ -207,11 +214,10 @@ async def websocket_session(websocket: WebSocket, sessions: Sessions) -> None:
     try:
         try:
             session = sessions.attach(attach_to) if attach_to else await sessions.open()
-        except FrameError as exc:
-            connection = Connection(websocket, sessions, None)  # type: ignore[arg-type]
+        except FrameError as exc:  # at capacity, or no such session to attach to
+            connection = Connection(websocket, sessions, None)
             with contextlib.suppress(Closing):
-                await connection.send(exc.frame())
-            await connection._close(1013 if exc.code == ErrorCode.CAPACITY_REACHED else 1000)
+                await connection.close((await connection._fatal(exc)).code)
             return
         reason = await Connection(websocket, sessions, session).serve()
     finally:
@@ -226,7 +232,7 @@ def openenv_server(env_name: str, services: Services) -> FastAPI:
     """The OpenEnv server of environment ``env_name``, sharing the service's envs and settings."""
     cls = environment_class(env_name)
     sessions = Sessions(env_name, services)
-    server = FastAPI(
+    server = FastAPIOffline(  # its /docs load Swagger UI from the package, as the service's do
         title=f"grpo-service: {env_name} over OpenEnv",
         version=__version__,
         description=(__doc__ or "") + f"\n\nThe WebSocket: `ws://<host>{PREFIX}/{env_name}/ws`.",

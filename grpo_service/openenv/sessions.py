@@ -23,7 +23,7 @@ from grpo_service.deps import Services
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
 from grpo_service.models import EnvAction
 from grpo_service.openenv.frames import ErrorCode, FrameError, ResetOptions, State, validation_failed
-from grpo_service.registry import EnvHandle, new_instance_id
+from grpo_service.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.tracing.episodes import EpisodeRecorder
 
 RL_RUN_ID = "openenv"
@@ -86,7 +86,15 @@ class Sessions:
     def get(self, session_id: str) -> Session:
         session = self._sessions.get(session_id)
         if session is None or session.closed:
-            raise FrameError(ErrorCode.SESSION_ERROR, f"unknown session_id {session_id!r:.80}", fatal=True)
+            message = f"unknown session_id {session_id!r:.80}: closed, expired, or never opened"
+            tagged = TAGGED_ID.match(session_id)
+            if tagged and tagged.group(1) != INSTANCE_ID:
+                message = (
+                    f"session {session_id} lives in another worker or replica (instance {tagged.group(1)}; "
+                    f"this is {INSTANCE_ID}): a WebSocket attaching to an MCP session needs a "
+                    "single-worker server"
+                )
+            raise FrameError(ErrorCode.SESSION_ERROR, message, fatal=True)
         return session
 
     def attach(self, session_id: str) -> Session:
@@ -147,8 +155,11 @@ class Sessions:
         return self.observation(session, result, None)
 
     async def step(self, session: Session, data: dict[str, Any] | None) -> dict[str, Any]:
+        data = dict(data or {})
+        if isinstance(data.get("metadata"), dict):
+            del data["metadata"]  # the field every OpenEnv `Action` has (a typed client's model_dump)
         try:
-            action = EnvAction.model_validate(data or {})
+            action = EnvAction.model_validate(data)
         except ValidationError as exc:
             raise validation_failed(exc, "step data") from None
         return await self._step(session, action.step_args())
@@ -243,16 +254,25 @@ class Sessions:
         session.env_id = handle.id
         return handle
 
+    def check_alive(self, session: Session) -> None:
+        """`SESSION_ERROR` (fatal) if the session's env is gone; unlike a lookup, this does not
+        count as a use of the env (it would never become idle)."""
+        if session.env_id not in self.services.registry.envs:
+            raise self._gone(session)
+
     def _handle(self, session: Session) -> EnvHandle:
         try:
             return self.services.envs.get(session.env_id)
         except (NotFound, WrongInstance):
-            raise FrameError(
-                ErrorCode.SESSION_ERROR,
-                f"env {session.env_id} of this session is gone: terminated, or idle for longer than "
-                f"the idle TTL ({self.services.settings.idle_ttl_s:g} s); open a new session",
-                fatal=True,
-            ) from None
+            raise self._gone(session) from None
+
+    def _gone(self, session: Session) -> FrameError:
+        return FrameError(
+            ErrorCode.SESSION_ERROR,
+            f"env {session.env_id} of this session is gone: terminated, or idle for longer than "
+            f"the idle TTL ({self.services.settings.idle_ttl_s:g} s); open a new session",
+            fatal=True,
+        )
 
     async def _call(self, work: Any) -> StepResult:
         """Await an `EnvManager` call, its errors turned into frames."""

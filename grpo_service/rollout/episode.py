@@ -2,6 +2,9 @@
 
 An ``agent`` op asks the policy for tool calls (under the rollout's deadline and abort), an
 ``env`` op executes them; a finished episode is reset (``on_done="reset"``) or ends the rollout.
+A decision that cannot be played (an unparsable reply, an action the env refuses) is answered
+when the policy says so (`Policy.answer_invalid`): its ``env`` op takes no env step and records
+the turn as invalid, with the feedback its model sees next; otherwise it ends the rollout.
 Every plug-in call goes through the managers. The loop never raises for what the trainer should
 see as data: a policy error, the deadline, an abort, a caller terminating the env or policy, or
 an unexpected fault end it with a ``stop_reason`` and keep what was played.
@@ -176,19 +179,35 @@ class EpisodeLoop:
         )
         self.decisions.append(self._pending)
         if decision.error:
-            self._record(self._pending)
+            self._invalid(self._pending)
+
+    def _invalid(self, pending: DecisionTrace) -> None:
+        """The decision cannot be played: the policy answers it (the ``env`` op then records the
+        turn), or the rollout ends here."""
+        assert self.policy is not None
+        decision = pending.decision
+        assert decision.error is not None
+        pending.feedback = self.policies.answer_invalid(self.policy, decision.error, decision.error_detail)
+        if pending.feedback is None:
+            self._record(pending)
             raise Stop(f"policy_error:{decision.error}")
 
     async def _act(self) -> None:
         pending = self._pending
         assert pending is not None  # the request validator guarantees an agent op came first
+        if pending.feedback is not None:  # an answered invalid turn: a round without an env step
+            self._record(pending)
+            self._pending = None
+            return
         started = time.monotonic()
         try:
             result = await self.envs.step_handle(self.env, tool_calls=pending.decision.tool_calls)
         except PluginError as exc:
             pending.decision.error, pending.decision.error_detail = "invalid_action", str(exc)
+            self._invalid(pending)
             self._record(pending)
-            raise Stop("policy_error:invalid_action") from None
+            self._pending = None
+            return
         pending.env_ms = (time.monotonic() - started) * 1000
         self.run.env_s += pending.env_ms / 1000
         pending.result = result
