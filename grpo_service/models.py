@@ -846,7 +846,10 @@ class GroupTree(BaseModel):
     continuations_not_started: int = Field(
         description="Admitted continuations that never ran (their root ended before the fork turn)."
     )
-    fork_s: float = Field(description="Seconds spent copying envs and policies for forks.")
+    fork_s: float = Field(
+        description="Seconds during which the group was reading or copying env and policy states for "
+        "forks (forks that overlapped counted once)."
+    )
 
 
 class GroupMetrics(BaseModel):
