@@ -67,8 +67,9 @@ class RolloutCoordinator:
         run = self._register_rollout(req)
         return _in_background(run, self._run_registered(run, req))
 
-    async def group(self, req: RolloutGroupRequest) -> RolloutGroupResponse:
-        run = self._register_group(req)
+    async def group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RolloutGroupResponse:
+        """The group, or only its members ``members`` (a part of a group spread over hosts)."""
+        run = self._register_group(req, members)
         return await self._run_group(run, req)
 
     def start_group(self, req: RolloutGroupRequest) -> RunHandle:
@@ -196,7 +197,7 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------------------- groups
 
-    def _register_group(self, req: RolloutGroupRequest) -> RunHandle:
+    def _register_group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RunHandle:
         """The group's run and its members' runs, admitted together or not at all (a group that
         took the slots its members need later would leave them half-registered for good)."""
         if req.group_size > self.settings.max_group_size:
@@ -209,10 +210,11 @@ class RolloutCoordinator:
         if req.policy.policy_name:  # a config the policy refuses is the caller's 422, not G failed members
             self.policies.check_config(req.policy.policy_name, req.policy.config)
         group_id = req.group_id or new_instance_id()
-        member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
+        indices = range(req.group_size) if members is None else members
+        member_ids = [f"{group_id}.{i}" for i in indices]
         self.runs.admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
-        run = self.runs.add(group_id, "group", member_ops * req.group_size, req.rl_run_id)
+        run = self.runs.add(group_id, "group", member_ops * len(member_ids), req.rl_run_id)
         run.member_ids = member_ids
         run.member_runs = [
             self.runs.add(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
@@ -223,44 +225,35 @@ class RolloutCoordinator:
         started = time.monotonic()
         member_ids, members_runs = run.member_ids, run.member_runs
         try:
-            start_envs = await self._group_start_envs(req)
+            start_envs = await self._group_start_envs(req, len(member_ids))
         except BaseException as exc:
             for member in members_runs:
                 self.runs.fail(member, exc, prefix="the group could not start: ")
             self.runs.fail(run, exc)
             raise
 
-        async def play(i: int) -> RolloutResponse:
-            member_req = _member_request(req, member_ids[i], i)
+        async def play(k: int) -> RolloutResponse:
+            index = member_index(member_ids[k])
+            member_req = _member_request(req, member_ids[k], index)
             return await self._run_registered(
-                members_runs[i], member_req, adopt_env=start_envs[i], group_id=run.id, group_index=i
+                members_runs[k], member_req, adopt_env=start_envs[k], group_id=run.id, group_index=index
             )
 
-        results = await asyncio.gather(*(play(i) for i in range(req.group_size)), return_exceptions=True)
+        results = await asyncio.gather(*(play(k) for k in range(len(member_ids))), return_exceptions=True)
         members = [
-            GroupMember(group_index=i, run_id=member_ids[i], status="failed", error=error_message(result))
+            GroupMember(
+                group_index=member_index(member_id),
+                run_id=member_id,
+                status="failed",
+                error=error_message(result),
+            )
             if isinstance(result, BaseException)
-            else GroupMember(group_index=i, run_id=member_ids[i], status=result.status, result=result)
-            for i, result in enumerate(results)
+            else GroupMember(
+                group_index=member_index(member_id), run_id=member_id, status=result.status, result=result
+            )
+            for member_id, result in zip(member_ids, results, strict=True)
         ]
-        returns = [m.result.metrics.mean_return if m.result else None for m in members]
-        valid = [r for r in returns if r is not None and math.isfinite(r)]
-        response = RolloutGroupResponse(
-            group_id=run.id,
-            members=members,
-            metrics=GroupMetrics(
-                returns=returns,
-                mean_return=statistics.fmean(valid) if valid else None,
-                std_return=statistics.pstdev(valid) if valid else None,
-                completed=sum(1 for m in members if m.status == "completed"),
-                failed=sum(1 for m in members if m.status == "failed"),
-                wall_time_s=round(time.monotonic() - started, 6),
-                llm_calls_without_tokens=sum(
-                    m.result.metrics.llm_calls_without_tokens for m in members if m.result
-                ),
-            ),
-            warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
-        )
+        response = group_response(run.id, members, time.monotonic() - started)
         # The group's own counters: its members' totals (live, /run/status sums the members).
         run.ops_executed = sum(m.ops_executed for m in members_runs)
         run.llm_s = sum(m.llm_s for m in members_runs)
@@ -268,15 +261,40 @@ class RolloutCoordinator:
         self.runs.finish(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
-    async def _group_start_envs(self, req: RolloutGroupRequest) -> list[EnvHandle]:
-        """G identical starting envs: G resets of one seed, or G restores of one snapshot."""
+    async def _group_start_envs(self, req: RolloutGroupRequest, count: int) -> list[EnvHandle]:
+        """``count`` identical starting envs: resets of one seed, or restores of one snapshot."""
         spec = req.env
         if spec.snapshot_id is not None:
-            return await self.envs.restore_many(spec.snapshot_id, req.group_size)
+            return await self.envs.restore_many(spec.snapshot_id, count)
         assert spec.env_name is not None
-        return await self.envs.create_many(
-            spec.env_name, spec.config, spec.seed, req.rl_run_id, req.group_size
-        )
+        return await self.envs.create_many(spec.env_name, spec.config, spec.seed, req.rl_run_id, count)
+
+
+def member_index(member_id: str) -> int:
+    """A group member's index, from its run id ``{group_id}.{index}``."""
+    return int(member_id.rsplit(".", 1)[1])
+
+
+def group_response(group_id: str, members: list[GroupMember], wall_s: float) -> RolloutGroupResponse:
+    """A group's answer from its members (in index order): the GRPO returns and their statistics."""
+    returns = [m.result.metrics.mean_return if m.result else None for m in members]
+    valid = [r for r in returns if r is not None and math.isfinite(r)]
+    return RolloutGroupResponse(
+        group_id=group_id,
+        members=members,
+        metrics=GroupMetrics(
+            returns=returns,
+            mean_return=statistics.fmean(valid) if valid else None,
+            std_return=statistics.pstdev(valid) if valid else None,
+            completed=sum(1 for m in members if m.status == "completed"),
+            failed=sum(1 for m in members if m.status == "failed"),
+            wall_time_s=round(wall_s, 6),
+            llm_calls_without_tokens=sum(
+                m.result.metrics.llm_calls_without_tokens for m in members if m.result
+            ),
+        ),
+        warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
+    )
 
 
 def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) -> RolloutRequest:
