@@ -45,6 +45,7 @@ class HostRef:
     actor: Any
     node_id: str = ""
     hostname: str = ""
+    training: bool = False  # serves the training API
     inflight: int = 0  # rollouts this front runs on it now
     suspect_until: float = 0.0
 
@@ -204,7 +205,9 @@ class Cluster:
                     ray.kill(actor)
             raise
         for actor, info in zip(actors, infos, strict=True):
-            self.hosts[info["tag"]] = HostRef(info["tag"], actor, info["node_id"], info["hostname"])
+            self.hosts[info["tag"]] = HostRef(
+                info["tag"], actor, info["node_id"], info["hostname"], training=info["training"]
+            )
 
     async def refresh(self) -> None:
         """Learn the hosts of the namespace that Ray knows (other fronts may have started some)."""
@@ -235,7 +238,7 @@ class Cluster:
             ) from None
         host = HostRef(tag, actor)
         info = await self.call(host, "start", timeout=CALL_TIMEOUT_S)
-        host.node_id, host.hostname = info["node_id"], info["hostname"]
+        host.node_id, host.hostname, host.training = info["node_id"], info["hostname"], info["training"]
         self.hosts[tag] = host
         return host
 
@@ -266,11 +269,12 @@ class Cluster:
         return [self.hosts[t] for t in sorted(self.hosts)]
 
     def home(self) -> HostRef:
-        """The host of what is not spread: training jobs and AgentGym's integer-id sessions."""
+        """The host of what is not spread: training jobs and AgentGym's integer-id sessions
+        (the first live host that serves training, in tag order: every front picks the same)."""
         live = self.live()
         if not live:
             raise self._none_left()
-        return live[0]
+        return next((h for h in live if h.training), live[0])
 
     async def owner(self, tag: str) -> HostRef:
         """The host of ids tagged ``tag``: 410 if it is lost, 421 if this cluster never had it."""

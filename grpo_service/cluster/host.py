@@ -101,6 +101,7 @@ class Host:
             "node_id": ray.get_runtime_context().get_node_id(),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
+            "training": self.services.training is not None,
         }
 
     async def stop(self) -> None:

@@ -82,6 +82,8 @@ class ClusterRouter:
             await send_error(send, exc.status_code, exc.code, exc.message, exc.headers)
             return
         status, headers, content = answer
+        headers = [(k, v) for k, v in headers if k != b"content-length"]
+        headers.append((b"content-length", str(len(content)).encode()))
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
@@ -144,9 +146,10 @@ class ClusterRouter:
         found = [a for a in answers if a[0] != 404]
         if not found:
             return answers[0] if answers else _json_answer(404, error_body("run_not_found", "unknown run"))
-        if len(found) == 1 or request.method != "GET":
+        ok = [json.loads(a[2]) for a in found if a[0] == 200]
+        if len(ok) < 2 or request.method != "GET":
             return found[0]
-        return _json_answer(200, _joined_status([json.loads(a[2]) for a in found if a[0] == 200]))
+        return _json_answer(200, _joined_status(ok))
 
     async def _each_host(self, call: Callable[[HostRef], Awaitable[Any]]) -> list[Any]:
         """``call`` on every live host at once; hosts that fail are left out (and marked)."""
@@ -217,10 +220,14 @@ class ClusterRouter:
             finally:
                 host.inflight -= len(members)
 
-        results = await asyncio.gather(*(part(h, m) for h, m in zip(hosts, parts, strict=True)))
+        tasks = [asyncio.ensure_future(part(h, m)) for h, m in zip(hosts, parts, strict=True)]
+        for done in asyncio.as_completed(tasks):
+            if isinstance(await done, tuple):  # a part refused: the others stop, nothing is left running
+                await self._each_host(lambda h: self._forward(h, _abort(group_id)))
+                break
+        results = await asyncio.gather(*tasks)
         refused = [r for r in results if isinstance(r, tuple)]
         if refused:  # every part checks the same request: the first refusal is the group's
-            await self._each_host(lambda h: self._forward(h, _abort(group_id)))
             status, code, detail = refused[0]
             return _json_answer(status, error_body(code, detail), retry=status == 429)
         members = [m for r in results for m in (r.members if isinstance(r, RolloutGroupResponse) else r)]
