@@ -25,6 +25,7 @@ class LLMCall:
     completion_token_ids: list[int] | None = None
     completion_logprobs: list[float] | None = None
     error: str | None = None
-    # The server's weights version when it reports one (our `serve-model` does; vLLM does not):
-    # a trainer drops samples drawn from weights older than the ones it is training.
+    # The weights version that sampled the reply: the server's when its reply names one, else
+    # the one the policy was told (vLLM's replies do not say; a GRPO trainer sets it after each
+    # weight update). A trainer drops samples drawn from weights older than it allows.
     weights_version: int | None = None

@@ -7,16 +7,21 @@ from typing import Any
 
 
 def chat_choice(
-    index: int, content: str | None, tool_calls: list[dict[str, Any]], finish_reason: str
+    index: int,
+    content: str | None,
+    tool_calls: list[dict[str, Any]],
+    finish_reason: str,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
-    """One ``choices[i]`` without logprobs or token ids (the caller adds those when asked)."""
+    """One ``choices[i]`` without logprobs or token ids (the caller adds those when asked);
+    ``reasoning`` is the ``<think>`` text a reasoning parser split off the content."""
     return {
         "index": index,
         "message": {
             "role": "assistant",
             "content": content,
             "tool_calls": tool_calls,
-            "reasoning_content": None,
+            "reasoning_content": reasoning,
         },
         "logprobs": None,
         "finish_reason": finish_reason,

@@ -151,7 +151,7 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
                 updates_per_step=2,
                 save_every=1,
             )
-            engine.load_weights(sft["final"])
+            engine.reload_weights(sft["final"])
             before = evaluate(app, list(range(100, 106)))
             rl = train_rl(config, task_app=TaskAppClient(app.base_url))
             after = evaluate(app, list(range(100, 106)))
@@ -164,7 +164,7 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
             trained = [r for r in rows if "loss" in r]
             assert trained, rows
             assert rl["weights_version_last"] == rl["weights_version_first"] + len(trained)
-            assert engine.weights_version == rl["weights_version_last"]
+            assert engine.weights_version == str(rl["weights_version_last"])
             for r in trained:  # sampler and trainer agreed on every batch trained on
                 assert r["logprob_max_abs_diff"] < 1e-4, r
                 assert r["weights_version_after"] == r["weights_version"] + 1 and r["samples"] > 0
@@ -174,9 +174,11 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
 
             # End to end, once more by hand: the tokens trained on are the server's (as traced),
             # the advantages are the group-relative rewards, and the logprobs are the trainer's.
-            groups, errors = asyncio.run(collect(TaskAppClient(app.base_url), config, 7, "tiny"))
+            groups, errors = asyncio.run(
+                collect(TaskAppClient(app.base_url), config, 7, "tiny", int(engine.weights_version))
+            )
             assert errors == []
-            batch = build_batch(groups, config, engine.weights_version)
+            batch = build_batch(groups, config, int(engine.weights_version))
             assert batch.samples, batch.stats
             model, _ = load(rl["final"])
             by_group: dict[int, list[float]] = {}
@@ -191,9 +193,7 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
                     assert traced["prompt_token_ids"] == s.prompt_ids
                     assert traced["completion_token_ids"] == s.completion_ids
                     assert traced["completion_logprobs"] == s.old_logprobs
-                    assert (
-                        traced["response"]["weights_version"] == s.weights_version == engine.weights_version
-                    )
+                    assert traced["weights_version"] == s.weights_version == int(engine.weights_version)
                     rewards = by_group[s.group]
                     mean = sum(rewards) / len(rewards)
                     assert (s.advantage > 0) == (batch.rewards[s.member] > mean)

@@ -67,7 +67,7 @@ def test_vllm_shape_token_ids_and_logprobs_match_the_trainer(served) -> None:
     assert r.status_code == 200, r.text
     body = r.json()
     assert body["object"] == "chat.completion" and body["model"] == "tiny" and len(body["choices"]) == 3
-    assert isinstance(body["weights_version"], int)
+    assert "weights_version" not in body  # as vLLM: a reply does not name its weights
     prompt = body["prompt_token_ids"]
     text = engine.tokenizer.apply_chat_template(
         MESSAGES, tools=TOOLS, add_generation_prompt=True, tokenize=False
@@ -170,20 +170,29 @@ def test_bad_requests_are_400_with_openai_errors(served) -> None:
         assert r.json()["error"]["message"], body
     r = chat(server, model="other")
     assert r.status_code == 404 and "does not exist" in r.json()["error"]["message"]
-    r = httpx.post(f"{server.base_url}/v1/load_weights", json={"path": "/nonexistent"}, timeout=30)
-    assert r.status_code == 422
+    body = {"method": "reload_weights", "kwargs": {"weights_path": "/nonexistent"}}
+    r = httpx.post(f"{server.base_url}/collective_rpc", json=body, timeout=30)
+    assert r.status_code == 400 and "/nonexistent" in r.json()["error"]["message"]
+    r = httpx.post(f"{server.base_url}/collective_rpc", json={"method": "format_disk"}, timeout=30)
+    assert r.status_code == 400 and "format_disk" in r.json()["error"]["message"]
 
 
-def test_load_weights_bumps_the_version_every_response_reports(served, tmp_path: Path) -> None:
+def test_weights_reload_in_place_through_vllms_rl_routes(served, tmp_path: Path) -> None:
+    """The trainer's weight sync (`WeightSync.load`: pause, reload, name the version, resume)."""
+    from training.llm.weight_sync import WeightSync, WeightSyncError
+
     server, engine = served
     other = make_tiny_model(tmp_path / "other", seed=1)
     before = chat(server, seed=1, max_tokens=8, logprobs=True, return_token_ids=True).json()
-    r = httpx.post(f"{server.base_url}/v1/load_weights", json={"path": str(other)}, timeout=60)
-    assert r.status_code == 200, r.text
-    assert r.json()["weights_version"] == before["weights_version"] + 1
+    sync = WeightSync(server.base_url)
+    assert sync.version() == "default"
+    sync.load(other, 7)
+    assert sync.version() == "7" and httpx.get(f"{server.base_url}/is_paused").json() == {"is_paused": False}
     after = chat(server, seed=1, max_tokens=8, logprobs=True, return_token_ids=True).json()
-    assert after["weights_version"] == before["weights_version"] + 1
     health = httpx.get(f"{server.base_url}/health").json()
-    assert health["weights_version"] == after["weights_version"] and health["weights_path"] == str(other)
+    assert health["weight_version"] == "7" and health["weights_path"] == str(other.resolve())
     lp = lambda b: [e["logprob"] for e in b["choices"][0]["logprobs"]["content"]]  # noqa: E731
     assert lp(before) != lp(after)
+    with pytest.raises(WeightSyncError, match="not a checkpoint"):
+        sync.load(tmp_path / "missing", 8)
+    assert sync.version() == "7"

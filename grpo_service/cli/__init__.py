@@ -16,7 +16,7 @@ import typer
 # `grpo-service --help` starts in a fraction of a second (tests/test_cli_startup.py).
 from grpo_service.cli.eval import eval_command, eval_report_command
 from grpo_service.cli.export import export_command
-from grpo_service.cli.model import init_model_command, serve_model_command
+from grpo_service.cli.model import init_model_command, serve_model_command, serve_vllm_command
 from grpo_service.cli.rollout import rollout_command
 from grpo_service.cli.serve import serve_command
 from grpo_service.cli.traces import traces_app
@@ -42,6 +42,7 @@ app.add_typer(traces_app, name="traces")
 app.command("view")(view_command)
 app.command("init-model")(init_model_command)
 app.command("serve-model")(serve_model_command)
+app.command("serve-vllm")(serve_vllm_command)
 app.command("train")(train_command)
 app.command("jobs")(jobs_command)
 

@@ -1,4 +1,4 @@
-"""``grpo-service init-model`` and ``grpo-service serve-model``: a small causal LM made here, and
+"""``grpo-service init-model`` and ``grpo-service serve-model``: a small Qwen3 made here, and
 a CPU model server in vLLM's shape for it (or for any local transformers checkpoint)."""
 
 from __future__ import annotations
@@ -35,15 +35,19 @@ def init_model_command(
     layers: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_layers,
     heads: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_heads,
     kv_heads: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_kv_heads,
+    head_dim: Annotated[
+        int, typer.Option(min=8, help="Attention head size (vLLM's CPU kernels take 32, 64, 80, 96, 128...).")
+    ] = DEFAULT_SPEC.head_dim,
     intermediate_size: Annotated[int, typer.Option(min=16)] = DEFAULT_SPEC.intermediate_size,
     max_positions: Annotated[int, typer.Option(min=64, help="Context length.")] = DEFAULT_SPEC.max_positions,
     seed: Annotated[int, typer.Option(min=0, help="Initialization seed.")] = DEFAULT_SPEC.seed,
 ) -> None:
-    """Make a small Qwen2 model here: a tokenizer trained on the environments' text, random weights."""
+    """Make a small Qwen3 here: a tokenizer trained on the environments' text carrying Qwen3's own
+    chat template, and random weights."""
     from training.llm.model import environment_corpus, init_model, jsonl_corpus
 
-    if hidden_size % heads or heads % kv_heads:
-        raise typer.BadParameter("hidden-size must divide by heads, and heads by kv-heads")
+    if heads % kv_heads:
+        raise typer.BadParameter("heads must divide by kv-heads")
     texts = list(environment_corpus(seeds=corpus_seeds, env_names=env))
     if corpus:
         texts.extend(jsonl_corpus(corpus))
@@ -53,6 +57,7 @@ def init_model_command(
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate_size=intermediate_size,
         max_positions=max_positions,
         seed=seed,
@@ -92,3 +97,67 @@ def serve_model_command(
             uvicorn.run(create_model_app(engine), host=host, port=port, log_level="warning")
     finally:
         engine.close()
+
+
+def serve_vllm_command(
+    path: Annotated[
+        str, typer.Argument(help="A local checkpoint directory (init-model, train output, a real Qwen3).")
+    ],
+    host: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8001,
+    served_model_name: Annotated[
+        str | None, typer.Option(help="The model name clients use (default: the directory's name).")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="vLLM's --dtype (float32 matches the trainer's logprobs).")] = (
+        "float32"
+    ),
+    max_model_len: Annotated[
+        int | None, typer.Option(min=64, help="Context length (default: the checkpoint's).")
+    ] = None,
+    kv_cache_gib: Annotated[float, typer.Option(min=0.1, help="CPU KV cache size (GiB).")] = 1.0,
+    weight_sync: Annotated[
+        bool,
+        typer.Option(help="Expose vLLM's RL routes (/pause, /collective_rpc, ...) for `train --type rl`."),
+    ] = True,
+    python: Annotated[
+        Path | None, typer.Option(help="The vLLM environment's python (default: .venv-vllm).")
+    ] = None,
+    startup_timeout_s: Annotated[float, typer.Option(min=1, help="Wait this long for /health.")] = 900.0,
+) -> None:
+    """Serve a checkpoint with the real vLLM (CPU build), with the flags the task app needs."""
+    from inference.vllm_server import VLLMServer, find_python, serve_args, serve_env
+
+    checkpoint = Path(path)
+    if not (checkpoint / "config.json").is_file():
+        raise typer.BadParameter(f"{path} is not a checkpoint directory (no config.json)", param_hint="PATH")
+    try:
+        vllm_python = find_python(python)
+    except FileNotFoundError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(2) from None
+    args = serve_args(
+        str(checkpoint.resolve()),
+        served_model_name=served_model_name or checkpoint.resolve().name,
+        host=host,
+        port=port,
+        dtype=dtype,
+        max_model_len=max_model_len,
+    )
+    server = VLLMServer(
+        vllm_python,
+        args,
+        env=serve_env(weight_sync=weight_sync, kv_cache_gib=kv_cache_gib),
+        startup_timeout_s=startup_timeout_s,
+    )
+    console.print(f"starting vLLM ({vllm_python}) on {checkpoint}; this takes about a minute on a CPU")
+    try:
+        server.start()
+        console.print(
+            f"serving [bold]{args[args.index('--served-model-name') + 1]}[/] on {server.base_url}/v1"
+        )
+        with contextlib.suppress(KeyboardInterrupt):
+            code = server.wait()
+        if code:
+            raise typer.Exit(code)
+    finally:
+        server.stop()

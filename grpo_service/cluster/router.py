@@ -200,8 +200,8 @@ class ClusterRouter:
         except ValidationError:
             return None  # one host answers the 422, as embedded
         hosts = self.cluster.by_load()[: req.group_size]
-        if len(hosts) < 2 or req.group_size > self.cluster.settings.max_group_size:
-            return None
+        if len(hosts) < 2 or req.group_size > self.cluster.settings.max_group_size or req.fork is not None:
+            return None  # one host answers (a fork plan's continuations fork from its members' envs)
         group_id = req.group_id or f"{hosts[0].tag}-{new_id()}"
         req = req.model_copy(update={"group_id": group_id})
         parts = _split(list(range(req.group_size)), len(hosts))
@@ -232,7 +232,7 @@ class ClusterRouter:
             return _json_answer(status, error_body(code, detail), retry=status == 429)
         members = [m for r in results for m in (r.members if isinstance(r, RolloutGroupResponse) else r)]
         members.sort(key=lambda m: m.group_index)
-        response = group_response(group_id, members, time.monotonic() - started)
+        response = group_response(group_id, members, time.monotonic() - started, req.group_size)
         return 200, [(b"content-type", b"application/json")], response.model_dump_json().encode()
 
     async def _batch(self, request: _Request) -> Answer | None:

@@ -34,6 +34,8 @@ from grpo_service.models import (
 from grpo_service.policies import PolicyManager, check_plays
 from grpo_service.registry import EnvHandle, Registry, RunHandle, new_instance_id
 from grpo_service.rollout.episode import EpisodeLoop, unshared
+from grpo_service.rollout.forks import ForkingGroup, admit_tree, check_forkable
+from grpo_service.rollout.membership import Membership
 from grpo_service.rollout.records import final_record, metrics, trajectory, untrainable_warning
 from grpo_service.rollout.runs import RunBook, error_message
 from grpo_service.tracing.traces import RolloutTrace, TraceSink
@@ -68,7 +70,8 @@ class RolloutCoordinator:
         return _in_background(run, self._run_registered(run, req))
 
     async def group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RolloutGroupResponse:
-        """The group, or only its members ``members`` (a part of a group spread over hosts)."""
+        """The group, or only its members ``members`` (a share of a group spread over Ray hosts;
+        a group with a fork plan is never spread)."""
         run = self._register_group(req, members)
         return await self._run_group(run, req)
 
@@ -87,16 +90,10 @@ class RolloutCoordinator:
         )
 
     async def _run_registered(
-        self,
-        run: RunHandle,
-        req: RolloutRequest,
-        *,
-        adopt_env: EnvHandle | None = None,
-        group_id: str | None = None,
-        group_index: int | None = None,
+        self, run: RunHandle, req: RolloutRequest, member: Membership | None = None
     ) -> RolloutResponse:
         try:
-            response = await self._execute(run, req, adopt_env, group_id, group_index)
+            response = await self._execute(run, req, member)
         except BaseException as exc:
             self.runs.fail(run, exc)
             raise
@@ -113,19 +110,15 @@ class RolloutCoordinator:
         return await self.envs.create(spec.env_name, spec.config, spec.seed, rl_run_id), True
 
     async def _execute(
-        self,
-        run: RunHandle,
-        req: RolloutRequest,
-        adopt_env: EnvHandle | None,
-        group_id: str | None,
-        group_index: int | None,
+        self, run: RunHandle, req: RolloutRequest, member: Membership | None
     ) -> RolloutResponse:
         started_wall, started = time.time(), time.monotonic()
-        if adopt_env is None and req.policy.policy_name and req.env.env_name:
+        if member is None and req.policy.policy_name and req.env.env_name:
             check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
         env, owns_env = (
-            (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
+            (member.env, True) if member is not None else await self._resolve_env(req.env, req.rl_run_id)
         )
+        own_deadline = started + req.safety.max_time_s
         loop = EpisodeLoop(
             run,
             req,
@@ -134,13 +127,16 @@ class RolloutCoordinator:
             self.envs,
             self.policies,
             llm_timeout_s=req.safety.llm_timeout_s or self.settings.inference_timeout_s,
-            deadline=started + req.safety.max_time_s,
+            deadline=min(own_deadline, member.deadline) if member and member.deadline else own_deadline,
+            policy=member.policy if member else None,
+            first_turn=(member.fork_turn or 0) if member else 0,
+            before_decision=member.before_decision if member else None,
         )
         try:
             await loop.play()
         finally:
             await loop.close()
-        response = self._response(loop, group_id, group_index, time.monotonic() - started)
+        response = self._response(loop, member, time.monotonic() - started)
         policy = loop.policy
         trace = RolloutTrace(
             request=req,
@@ -161,9 +157,7 @@ class RolloutCoordinator:
         return response
 
     @staticmethod
-    def _response(
-        loop: EpisodeLoop, group_id: str | None, group_index: int | None, wall_s: float
-    ) -> RolloutResponse:
+    def _response(loop: EpisodeLoop, member: Membership | None, wall_s: float) -> RolloutResponse:
         env, policy, episodes, stop_reason = loop.env, loop.policy, loop.episodes, loop.stop_reason
         last = episodes[-1] if episodes else None
         if last is not None and last.stop_reason == "running":
@@ -191,8 +185,10 @@ class RolloutCoordinator:
             error=loop.error,
             env_id=None if loop.owns_env else env.id,
             policy_id=None if (loop.owns_policy or policy is None) else policy.id,
-            group_id=group_id,
-            group_index=group_index,
+            group_id=member.group_id if member else None,
+            group_index=member.group_index if member else None,
+            parent_index=member.parent_index if member else None,
+            fork_turn=member.fork_turn if member else None,
         )
 
     # ------------------------------------------------------------------------------- groups
@@ -209,51 +205,48 @@ class RolloutCoordinator:
             check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         if req.policy.policy_name:  # a config the policy refuses is the caller's 422, not G failed members
             self.policies.check_config(req.policy.policy_name, req.policy.config)
+        if req.fork is not None:
+            admit_tree(req, self.settings, self.registry)
         group_id = req.group_id or new_instance_id()
-        indices = range(req.group_size) if members is None else members
+        indices = range(req.tree_size()) if members is None or req.fork is not None else members
         member_ids = [f"{group_id}.{i}" for i in indices]
         self.runs.admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
-        run = self.runs.add(group_id, "group", member_ops * len(member_ids), req.rl_run_id)
+        # A continuation's ops are known when it forks; until then, the most it may play.
+        ops = [member_ops if i < req.group_size else member_ops - 2 for i in indices]
+        run = self.runs.add(group_id, "group", sum(ops), req.rl_run_id)
         run.member_ids = member_ids
         run.member_runs = [
-            self.runs.add(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
+            self.runs.add(member_id, "rollout", n, req.rl_run_id)
+            for member_id, n in zip(member_ids, ops, strict=True)
         ]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
         started = time.monotonic()
-        member_ids, members_runs = run.member_ids, run.member_runs
+        members_runs = run.member_runs
         try:
-            start_envs = await self._group_start_envs(req, len(member_ids))
+            start_envs = await self._group_start_envs(req, min(req.group_size, len(members_runs)))
         except BaseException as exc:
             for member in members_runs:
                 self.runs.fail(member, exc, prefix="the group could not start: ")
             self.runs.fail(run, exc)
             raise
 
-        async def play(k: int) -> RolloutResponse:
-            index = member_index(member_ids[k])
-            member_req = _member_request(req, member_ids[k], index)
-            return await self._run_registered(
-                members_runs[k], member_req, adopt_env=start_envs[k], group_id=run.id, group_index=index
+        tree = None
+        if req.fork is None:
+            members = list(
+                await asyncio.gather(
+                    *(
+                        self.play_member(member, req, Membership(run.id, member_index(member.id), env))
+                        for member, env in zip(members_runs, start_envs, strict=True)
+                    )
+                )
             )
-
-        results = await asyncio.gather(*(play(k) for k in range(len(member_ids))), return_exceptions=True)
-        members = [
-            GroupMember(
-                group_index=member_index(member_id),
-                run_id=member_id,
-                status="failed",
-                error=error_message(result),
-            )
-            if isinstance(result, BaseException)
-            else GroupMember(
-                group_index=member_index(member_id), run_id=member_id, status=result.status, result=result
-            )
-            for member_id, result in zip(member_ids, results, strict=True)
-        ]
-        response = group_response(run.id, members, time.monotonic() - started)
+        else:
+            forking = ForkingGroup(self, run, req, deadline=started + req.safety.max_time_s)
+            members, tree = await forking.play(start_envs)
+        response = group_response(run.id, members, time.monotonic() - started, req.group_size, tree)
         # The group's own counters: its members' totals (live, /run/status sums the members).
         run.ops_executed = sum(m.ops_executed for m in members_runs)
         run.llm_s = sum(m.llm_s for m in members_runs)
@@ -261,11 +254,32 @@ class RolloutCoordinator:
         self.runs.finish(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
+    async def play_member(self, run: RunHandle, req: RolloutGroupRequest, member: Membership) -> GroupMember:
+        """Play one member of a group (``run`` is its registered run); a failure is the member's,
+        not the group's."""
+        index = member.group_index
+        member_req = _member_request(req, run.id, index)
+        if member.fork_turn:
+            member_req = member_req.model_copy(update={"max_turns": (req.max_turns or 0) - member.fork_turn})
+        try:
+            result = await self._run_registered(run, member_req, member)
+        except Exception as exc:
+            return GroupMember(group_index=index, run_id=run.id, status="failed", error=error_message(exc))
+        return GroupMember(group_index=index, run_id=run.id, status=result.status, result=result)
+
     async def _group_start_envs(self, req: RolloutGroupRequest, count: int) -> list[EnvHandle]:
         """``count`` identical starting envs: resets of one seed, or restores of one snapshot."""
         spec = req.env
         if spec.snapshot_id is not None:
-            return await self.envs.restore_many(spec.snapshot_id, count)
+            envs = await self.envs.restore_many(spec.snapshot_id, count)
+            if req.fork is not None:  # the snapshot's plug-in is known only now
+                try:
+                    check_forkable(type(envs[0].env))
+                except Unprocessable:
+                    for env in envs:
+                        await self.envs.discard(env)
+                    raise
+            return envs
         assert spec.env_name is not None
         return await self.envs.create_many(spec.env_name, spec.config, spec.seed, req.rl_run_id, count)
 
@@ -275,13 +289,17 @@ def member_index(member_id: str) -> int:
     return int(member_id.rsplit(".", 1)[1])
 
 
-def group_response(group_id: str, members: list[GroupMember], wall_s: float) -> RolloutGroupResponse:
-    """A group's answer from its members (in index order): the GRPO returns and their statistics."""
+def group_response(
+    group_id: str, members: list[GroupMember], wall_s: float, group_size: int, tree: Any = None
+) -> RolloutGroupResponse:
+    """A group's answer from its members (in index order): the GRPO returns (of the
+    ``group_size`` first members; fork continuations follow them) and their statistics."""
     returns = [m.result.metrics.mean_return if m.result else None for m in members]
-    valid = [r for r in returns if r is not None and math.isfinite(r)]
+    valid = [r for r in returns[:group_size] if r is not None and math.isfinite(r)]
     return RolloutGroupResponse(
         group_id=group_id,
         members=members,
+        tree=tree,
         metrics=GroupMetrics(
             returns=returns,
             mean_return=statistics.fmean(valid) if valid else None,

@@ -166,7 +166,7 @@ class TraceReader:
                       l.turn IS NOT NULL AS has_llm_call, l.model, l.request AS llm_request,
                       l.response AS llm_response, l.finish_reason, l.usage, l.latency_ms, l.attempts,
                       l.error AS llm_error, l.prompt_token_ids, l.completion_token_ids,
-                      l.completion_logprobs,
+                      l.completion_logprobs, l.weights_version,
                       e.turn IS NOT NULL AS has_env_step, e.actions, e.actions_executed, e.reward, e.done,
                       e.truncated, e.step_idx, e.achievements_unlocked, e.env_ms
                """
@@ -201,6 +201,7 @@ class TraceReader:
                         "prompt_token_ids",
                         "completion_token_ids",
                         "completion_logprobs",
+                        "weights_version",
                         request="llm_request",
                         response="llm_response",
                         error="llm_error",

@@ -1,17 +1,26 @@
 """A model server in vLLM's shape for small models on the CPU (``grpo-service serve-model PATH``).
 
-Routes: ``GET /v1/models``, ``POST /v1/chat/completions``, ``POST /v1/load_weights`` and
-``GET /health``. A chat request is rendered with the checkpoint's chat template and sampled
-with `Sampler`; concurrent requests are batched (the requests waiting when a batch starts are
-decoded together). Answers have vLLM's shape: ``choices[].message`` with tool calls parsed from
-the model's text (Hermes ``<tool_call>{json}</tool_call>``, as vLLM's ``hermes`` parser; without
-``tools`` the text comes back as content, e.g. for a ReAct agent that parses ``Action:`` lines),
-``choices[].logprobs.content``, and with ``return_token_ids`` the top-level
-``prompt_token_ids`` and ``choices[].token_ids``. Every answer carries ``weights_version``,
-which ``POST /v1/load_weights`` increments when it swaps in new weights (between batches).
+It answers what the task app and the trainer use of vLLM, the same way vLLM 0.32 does
+(tests/test_vllm_parity.py sends the same requests to both): ``GET /v1/models``,
+``POST /v1/chat/completions`` and ``GET /health``, and vLLM's RL weight-sync routes (served by
+vLLM with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause``, ``POST /resume``, ``GET /is_paused``,
+``POST /collective_rpc`` (method ``reload_weights`` with ``kwargs.weights_path``),
+``POST /update_weight_version`` and ``GET /weight_info``. So a GRPO trainer drives either
+server with one code path (`training.llm.weight_sync`).
+
+A chat request is rendered with the checkpoint's chat template and sampled with `Sampler`;
+concurrent requests are batched (the requests waiting when a batch starts are decoded
+together). Answers have vLLM's shape: ``choices[].message`` with a leading
+``<think>...</think>`` block split off as ``reasoning_content`` (as vLLM's ``qwen3`` reasoning
+parser), tool calls parsed from the rest (Hermes ``<tool_call>{json}</tool_call>``, as vLLM's
+``hermes`` parser; without ``tools`` the text comes back as content, e.g. for a ReAct agent
+that parses ``Action:`` lines), ``choices[].logprobs.content``, and with ``return_token_ids`` the top-level
+``prompt_token_ids`` and ``choices[].token_ids``. Like vLLM, a completion does not say which
+weights made it: the trainer that set the version knows (it pauses generation across a switch).
 
 Unlike vLLM, a named ``tool_choice`` is not enforced by guided decoding: the model samples
 freely, and a reply without a parsable call comes back as content (the policy records it).
+A pause lets the batch being decoded finish under every mode (vLLM's ``keep`` freezes it).
 """
 
 from __future__ import annotations
@@ -31,11 +40,10 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inference.completions import chat_choice, error_body
+from inference.reasoning import split_reasoning
 from training.llm.chat import parse_tool_calls
 from training.llm.model import load, stop_token_ids
 from training.llm.sampling import Sample, Sampler, SampleRequest
-
-DEFAULT_MAX_TOKENS = 512
 
 
 class ServeError(Exception):
@@ -104,12 +112,12 @@ class ChatRequest(BaseModel):
 class _Job:
     request: SampleRequest
     loop: asyncio.AbstractEventLoop
-    future: asyncio.Future[tuple[list[Sample], int]]
+    future: asyncio.Future[list[Sample]]
 
 
 class ModelEngine:
     """Owns the model: one worker thread decodes batches of waiting requests; new weights are
-    swapped in between batches and bump ``weights_version``."""
+    swapped in between batches. While paused, no new batch starts (requests wait in the queue)."""
 
     def __init__(self, path: str | Path, *, max_batch_rows: int = 32, served_name: str | None = None):
         self.path = Path(path)
@@ -120,8 +128,10 @@ class ModelEngine:
             pad = self.tokenizer.eos_token_id or 0
         self.sampler = Sampler(self.model, self.tokenizer, stop_token_ids(self.tokenizer, self.model), pad)
         self.max_batch_rows = max_batch_rows
-        self.weights_version = 0
+        self.weights_version = "default"  # a label the trainer sets, as vLLM's /update_weight_version
         self.weights_path = str(self.path)
+        self._running = threading.Event()
+        self._running.set()
         self.batches = 0
         self.batched_rows = 0
         self._lock = threading.Lock()  # held while decoding and while swapping weights
@@ -130,6 +140,7 @@ class ModelEngine:
         self._thread.start()
 
     def close(self) -> None:
+        self._running.set()
         self._jobs.put(None)
         self._thread.join(timeout=30)
 
@@ -151,7 +162,7 @@ class ModelEngine:
 
     # ---- sampling ---------------------------------------------------------------------------
 
-    async def sample(self, request: SampleRequest) -> tuple[list[Sample], int]:
+    async def sample(self, request: SampleRequest) -> list[Sample]:
         loop = asyncio.get_running_loop()
         job = _Job(request, loop, loop.create_future())
         self._jobs.put(job)
@@ -162,6 +173,7 @@ class ModelEngine:
             first = self._jobs.get()
             if first is None:
                 return
+            self._running.wait()
             jobs, rows = [first], first.request.n
             while rows < self.max_batch_rows:
                 try:
@@ -174,7 +186,6 @@ class ModelEngine:
                 jobs.append(job)
                 rows += job.request.n
             with self._lock:
-                version = self.weights_version
                 try:
                     results: list[Any] = self.sampler.generate([j.request for j in jobs])
                 except Exception as exc:
@@ -182,12 +193,26 @@ class ModelEngine:
                 self.batches += 1
                 self.batched_rows += rows
             for job, result in zip(jobs, results, strict=True):
-                job.loop.call_soon_threadsafe(_settle, job.future, result, version)
+                job.loop.call_soon_threadsafe(_settle, job.future, result)
 
     # ---- weights ----------------------------------------------------------------------------
 
-    def load_weights(self, path: str | Path) -> int:
-        """Copy the weights of the checkpoint at ``path`` into the served model; the new version."""
+    def pause(self) -> None:
+        """Start no new batch; return when the batch being decoded (if any) has finished."""
+        self._running.clear()
+        with self._lock:
+            pass
+
+    def resume(self) -> None:
+        self._running.set()
+
+    @property
+    def paused(self) -> bool:
+        return not self._running.is_set()
+
+    def reload_weights(self, path: str | Path) -> None:
+        """Copy the weights of the checkpoint at ``path`` into the served model (vLLM's worker
+        method of the same name, reached through ``/collective_rpc``)."""
         new_model, _ = load(path)
         state = new_model.state_dict()
         with self._lock:
@@ -199,18 +224,16 @@ class ModelEngine:
                     status=422,
                     kind="UnprocessableEntityError",
                 )
-            self.weights_version += 1
             self.weights_path = str(path)
-            return self.weights_version
 
 
-def _settle(future: asyncio.Future[Any], result: Any, version: int) -> None:
+def _settle(future: asyncio.Future[Any], result: Any) -> None:
     if future.done():
         return
     if isinstance(result, BaseException):
         future.set_exception(result)
     else:
-        future.set_result((result, version))
+        future.set_result(result)
 
 
 # ----------------------------------------------------------------------------------- response
@@ -227,14 +250,15 @@ def _logprob_entry(tokenizer: Any, token: int, logprob: float, top: list[tuple[i
 
 
 def _choice(index: int, sample: Sample, req: ChatRequest, tokenizer: Any) -> dict[str, Any]:
-    content: str | None = sample.text
+    reasoning, text = split_reasoning(sample.text)
+    content: str | None = text
     tool_calls: list[dict[str, Any]] = []
     finish = sample.finish_reason
     if req.tools and req.tool_choice != "none":
-        content, tool_calls = parse_tool_calls(sample.text)
+        content, tool_calls = parse_tool_calls(text)
         if tool_calls and finish == "stop":
             finish = "tool_calls"
-    choice = chat_choice(index, content, tool_calls, finish)
+    choice = chat_choice(index, content, tool_calls, finish, reasoning)
     if req.logprobs:
         tops = sample.top_logprobs or [None] * len(sample.token_ids)
         choice["logprobs"] = {
@@ -251,10 +275,23 @@ def _choice(index: int, sample: Sample, req: ChatRequest, tokenizer: Any) -> dic
 # ------------------------------------------------------------------------------------------ app
 
 
-class LoadWeightsRequest(BaseModel):
+class CollectiveRPCRequest(BaseModel):
+    """vLLM's ``/collective_rpc`` body; serve-model knows one method, ``reload_weights``."""
+
     model_config = ConfigDict(extra="forbid")
 
-    path: str = Field(min_length=1, description="A local checkpoint directory of the same architecture.")
+    method: str = Field(description="The worker method: `reload_weights`.")
+    args: list[str] = Field(default_factory=list)
+    kwargs: dict[str, str] = Field(
+        default_factory=dict, description="`weights_path`: a checkpoint directory."
+    )
+    timeout: float | None = Field(default=None, gt=0)
+
+
+class WeightVersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    new_version: str = Field(min_length=1, max_length=200)
 
 
 def create_model_app(engine: ModelEngine) -> FastAPI:
@@ -277,8 +314,9 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
         return {
             "status": "ok",
             "model": engine.served_name,
-            "weights_version": engine.weights_version,
+            "weight_version": engine.weights_version,
             "weights_path": engine.weights_path,
+            "paused": engine.paused,
             "batches": engine.batches,
             "batched_rows": engine.batched_rows,
         }
@@ -292,7 +330,6 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
             "owned_by": "grpo-service",
             "root": str(engine.path),
             "max_model_len": engine.sampler.max_positions,
-            "weights_version": engine.weights_version,
         }
         return {"object": "list", "data": [card]}
 
@@ -312,7 +349,7 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
             )
         sample_req = SampleRequest(
             prompt_ids=prompt,
-            max_tokens=asked or min(DEFAULT_MAX_TOKENS, room),
+            max_tokens=asked or room,  # vLLM's default: the rest of the context
             n=req.n,
             temperature=req.temperature,
             top_p=req.top_p,
@@ -320,7 +357,7 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
             stop=req.stops(),
             top_logprobs=req.top_logprobs or 0,
         )
-        samples, version = await engine.sample(sample_req)
+        samples = await engine.sample(sample_req)
         choices = [_choice(i, s, req, engine.tokenizer) for i, s in enumerate(samples)]
         completion_tokens = sum(len(s.token_ids) for s in samples)
         body: dict[str, Any] = {
@@ -335,21 +372,46 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
                 "total_tokens": len(prompt) + completion_tokens,
             },
             "prompt_logprobs": None,
-            "weights_version": version,
         }
         if req.return_token_ids:
             body["prompt_token_ids"] = prompt
         return JSONResponse(body)
 
-    @app.post("/v1/load_weights")
-    async def load_weights(req: LoadWeightsRequest) -> dict[str, Any]:
-        path = Path(req.path)
+    # ---- vLLM's RL routes (VLLM_SERVER_DEV_MODE=1): bodies and answers as vLLM 0.32's -----------
+
+    @app.post("/pause")
+    async def pause(
+        mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True
+    ) -> dict[str, str]:
+        await asyncio.to_thread(engine.pause)
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume() -> dict[str, str]:
+        engine.resume()
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused() -> dict[str, bool]:
+        return {"is_paused": engine.paused}
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(req: CollectiveRPCRequest) -> dict[str, list[None]]:
+        if req.method != "reload_weights":
+            raise ServeError(f"serve-model has no worker method {req.method!r} (it knows 'reload_weights')")
+        path = Path(req.kwargs.get("weights_path") or engine.weights_path)
         if not (path / "config.json").is_file():
-            raise ServeError(
-                f"{req.path} is not a checkpoint directory (no config.json)", 422, "UnprocessableEntityError"
-            )
-        started = time.monotonic()
-        version = await asyncio.to_thread(engine.load_weights, path)
-        return {"weights_version": version, "path": str(path), "load_s": round(time.monotonic() - started, 3)}
+            raise ServeError(f"{path} is not a checkpoint directory (no config.json)")
+        await asyncio.to_thread(engine.reload_weights, path)
+        return {"results": [None]}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(req: WeightVersionRequest) -> dict[str, Any]:
+        engine.weights_version = req.new_version
+        return {"success": True, "new_version": req.new_version}
+
+    @app.get("/weight_info")
+    async def weight_info() -> dict[str, str]:
+        return {"weight_version": engine.weights_version}
 
     return app
