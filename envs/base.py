@@ -134,6 +134,12 @@ class Environment(abc.ABC, Generic[ConfigT]):
     def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
         """Turn the tool calls a policy emitted into actions (``InvalidAction`` if none valid)."""
 
+    @classmethod
+    def tools(cls) -> list[dict[str, Any]]:
+        """The tools an agent acts through, as OpenAI function schemas: the calls that
+        `actions_from_tool_calls` executes (an LLM policy of this env offers the same ones)."""
+        return []
+
     @property
     @abc.abstractmethod
     def step_idx(self) -> int: ...

@@ -209,19 +209,15 @@ class EnvResetResponse(EnvState):
     pass
 
 
-class EnvStepRequest(Request):
-    """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
+class EnvAction(Request):
+    """What one step executes: exactly one of ``action``, ``actions`` or ``tool_calls``."""
 
     model_config = request_config(
-        {"env_id": ENV_ID, "actions": ["move_left", "do"]},
-        {"env_id": ENV_ID, "action": "do"},
-        {
-            "env_id": ENV_ID,
-            "tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}],
-        },
+        {"actions": ["move_left", "do"]},
+        {"action": "do"},
+        {"tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}]},
     )
 
-    env_id: Id = Field(description="The env to step.")
     action: Action | None = Field(default=None, description="One action, by name or index.")
     actions: list[Action] | None = Field(
         default=None, min_length=1, max_length=64, description="Actions run in order (stops at episode end)."
@@ -234,11 +230,32 @@ class EnvStepRequest(Request):
     )
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> EnvStepRequest:
+    def _exactly_one(self) -> EnvAction:
         given = [n for n in ("action", "actions", "tool_calls") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of 'action', 'actions' or 'tool_calls'")
         return self
+
+    def step_args(self) -> dict[str, Any]:
+        """The keyword arguments of `EnvManager.step` that execute it."""
+        if self.tool_calls is not None:
+            return {"tool_calls": self.tool_calls}
+        return {"actions": self.actions if self.actions is not None else [self.action]}
+
+
+class EnvStepRequest(EnvAction):
+    """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
+
+    model_config = request_config(
+        {"env_id": ENV_ID, "actions": ["move_left", "do"]},
+        {"env_id": ENV_ID, "action": "do"},
+        {
+            "env_id": ENV_ID,
+            "tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}],
+        },
+    )
+
+    env_id: Id = Field(description="The env to step.")
 
 
 class EnvStepResponse(BaseModel):
@@ -829,7 +846,10 @@ class GroupTree(BaseModel):
     continuations_not_started: int = Field(
         description="Admitted continuations that never ran (their root ended before the fork turn)."
     )
-    fork_s: float = Field(description="Seconds spent copying envs and policies for forks.")
+    fork_s: float = Field(
+        description="Seconds during which the group was reading or copying env and policy states for "
+        "forks (forks that overlapped counted once)."
+    )
 
 
 class GroupMetrics(BaseModel):

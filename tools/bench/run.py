@@ -126,6 +126,21 @@ FIGURES: tuple[Figure, ...] = (
     Figure("branch16_p50_ms", "ms", "POST /branch of one env into 16 children, median", False),
     Figure("branch16_p99_ms", "ms", "POST /branch into 16 children, 99th percentile", False),
     Figure("rss_per_env_kb", "KiB", "server RSS growth per live env, 1,000 envs created over HTTP", False),
+    Figure(
+        "forks_per_s",
+        "forks/s",
+        "fork points per second of fork work (env and policy states read, copies restored and "
+        "registered) in a forking /rollout/group: 4 Crafter roots, 8 turns, a fork every turn into 4, "
+        "200 ms fake LLM; " + ONE_WORKER_NOTE,
+    ),
+    Figure("fork_copies_per_s", "copies/s", "env+policy copies per second of fork work, the same group"),
+    Figure(
+        "rss_per_live_fork_kb",
+        "KiB",
+        "server RSS growth per member alive (roots and copies) at the most members alive at once, "
+        "the same group",
+        False,
+    ),
 )
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
 
@@ -372,7 +387,7 @@ class Bench:
                     self._served(many, fake0, fake200, group_seeds, traced=traced)
                     self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
                     self._fake_alone(fake200)
-                    self._latencies(one)
+                    self._latencies(one, fake200)
             self.log("live-env memory (fresh server)")
             self._memory(fake0.base_url)
         finally:
@@ -473,7 +488,7 @@ class Bench:
         self.samples.add("llm_bound_ideal", plan.llm_rollouts / LLM_LATENCY_S)
         self.samples.add("llm_bound_fake_alone", self._timed("llm_bound_fake_alone", alone))
 
-    def _latencies(self, svc: ChildServer) -> None:
+    def _latencies(self, svc: ChildServer, fake200: ChildServer) -> None:
         plan, add = self.plan, self.samples.add
         snap = self._timed(
             "snapshot/restore", lambda: asyncio.run(served.snapshot_restore(svc.base_url, plan.snapshots, 11))
@@ -484,6 +499,10 @@ class Bench:
             "branch16", lambda: asyncio.run(served.branch16(svc.base_url, plan.branches, 11))
         )
         for key, value in branch.items():
+            add(key, value)
+        fork = served.fork_group(svc.base_url, fake200.base_url, svc.rss_bytes, 11)
+        forks = self._timed("fork_group", lambda: asyncio.run(fork))
+        for key, value in forks.items():
             add(key, value)
 
     def _groups(

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from envs.crafter.actions import ACTIONS as ACTION_NAMES
@@ -248,6 +249,49 @@ async def branch16(base_url: str, count: int, seed: int, children: int = 16) -> 
                 await client.post_json("/env/terminate", {"env_id": kid})
         await client.post_json("/env/terminate", {"env_id": env_id})
     return {"branch16_p50_ms": _percentile(times, 0.5), "branch16_p99_ms": _percentile(times, 0.99)}
+
+
+async def fork_group(
+    base_url: str,
+    inference_url: str,
+    rss_bytes: Callable[[], int],
+    seed: int,
+    *,
+    roots: int = 4,
+    turns: int = 8,
+    continuations: int = 4,
+) -> dict[str, float]:
+    """One forking ``/rollout/group`` (started, then polled): ``roots`` Crafter roots forked at every
+    turn into ``continuations`` copies, against the fake at ``inference_url``. Forks and copies
+    per second of the group's fork work (``tree.fork_s``: reading the states, restoring and
+    registering the copies), and the server's RSS growth per member alive, sampled while it plays
+    (the most members alive at once)."""
+    body = {
+        "group_size": roots,
+        "env": {"env_name": "crafter", "seed": seed},
+        "policy": {"policy_name": "crafter-react", "config": {"inference_url": inference_url}},
+        "max_turns": turns,
+        "fork": {"every": 1, "continuations": continuations},
+        "record": {"logprobs": False},
+        "safety": {"max_time_s": 600},
+    }
+    async with RawClient(HOST, _port(base_url)) as client:
+        before = rss_bytes()
+        started = await client.post_json("/rollout/group/start", body)
+        live_peak, growth_at_peak = 0, 0
+        while (status := await client.get_json(started["status_url"]))["status"] == "running":
+            live = sum(1 for m in status["members"] if m["status"] == "running" and m["ops_executed"] > 0)
+            if live > live_peak:
+                live_peak, growth_at_peak = live, rss_bytes() - before
+            await asyncio.sleep(0.02)
+    tree = status["result"]["tree"]
+    forks = len(tree["forks"])
+    copies = sum(len(f["children"]) for f in tree["forks"])
+    return {
+        "forks_per_s": forks / tree["fork_s"] if tree["fork_s"] else 0.0,
+        "fork_copies_per_s": copies / tree["fork_s"] if tree["fork_s"] else 0.0,
+        "rss_per_live_fork_kb": growth_at_peak / live_peak / 1024 if live_peak else 0.0,
+    }
 
 
 async def create_many(base_url: str, count: int, seeds: list[int], clients: int = 8) -> list[str]:
