@@ -157,6 +157,10 @@ def test_episodes_are_traced_and_envs_released(
         assert session["stop_reason"] == "episode_done"
         assert session["total_reward"] == pytest.approx(sum(episode["rewards"]))
         assert session["seed"] == ENVS[name]["seed"]
+        if name != "sciworld":  # the viewer replays it from its seed and tool calls (a JVM spared)
+            replay = http.get(f"/viewer/api/rollouts/{session['session_id']}/replay").json()
+            assert replay["available"] and replay["divergence"] is None, replay
+            assert replay["positions"] == episode["steps"] + 1
 
 
 def test_openenv_validate_passes_for_every_env(driver: OpenEnvDriver, base: str) -> None:
