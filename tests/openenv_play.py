@@ -202,6 +202,46 @@ async def auth(spec: dict[str, Any]) -> dict[str, Any]:
     return {"with_key": stepped.observation["text"], "without_key": refused}
 
 
+GRADED_ACTIONS = {"crafter": ["noop", "move_left", "do"], "textcraft": ["inventory", "get 1 oak log"]}
+
+
+async def graders(spec: dict[str, Any]) -> dict[str, Any]:
+    """OpenEnv 0.10's runtime graders (reward well-formed, observations valid against ``/schema``,
+    the state contract) over an episode its own collector plays on ``/ws``."""
+    from types import SimpleNamespace
+
+    from openenv.validation.graders.runtime.basic import (
+        ObservationSchemaGrader,
+        RewardWellFormedGrader,
+        StateContractGrader,
+    )
+    from openenv.validation.runtime.collector import collect_runtime_evidence
+    from openenv.validation.runtime.contracts import RuntimePlan, RuntimeReset
+
+    results = {}
+    for name, env_spec in sorted(spec["envs"].items()):
+        actions = GRADED_ACTIONS.get(name, ["inventory", "look around"])
+        plan = RuntimePlan(
+            plan_schema_version="1",
+            reset=RuntimeReset(
+                episode_id=f"graded-{name}", seed=env_spec["seed"], options=env_spec["config"]
+            ),
+            actions=[{"action": action} for action in actions],
+        )
+        evidence = await asyncio.to_thread(
+            collect_runtime_evidence, url(spec, name), plan, episode_timeout_s=120
+        )
+        manifest = SimpleNamespace(reward=SimpleNamespace(range=(-1e9, 1e9)))
+        subject = SimpleNamespace(manifest=manifest, runtime_evidence=evidence)
+        checks = [RewardWellFormedGrader(), ObservationSchemaGrader(), StateContractGrader()]
+        results[name] = {
+            "failure": evidence.failure_reason,
+            "exchanges": len(evidence.exchanges),
+            "checks": {g.check_id: (r.status.value, r.evidence) for g in checks for r in [g.run(subject)]},
+        }
+    return results
+
+
 async def validate(spec: dict[str, Any]) -> dict[str, Any]:
     """``openenv validate --url <server>/openenv/<env> --json`` for every env, through the CLI's
     own entry point, in this one process (each ``openenv`` process spends seconds on imports)."""
@@ -230,6 +270,7 @@ SCENARIOS = {
     "validate": validate,
     "auth": auth,
     "code": run_code,
+    "graders": graders,
 }
 
 

@@ -170,6 +170,13 @@ def test_openenv_validate_passes_for_every_env(driver: OpenEnvDriver, base: str)
         assert report["mode"] == "production" and report["target"] == f"{base}/openenv/{name}"
 
 
+def test_openenv_runtime_graders_pass_for_every_env(driver: OpenEnvDriver, base: str) -> None:
+    for name, result in play(driver, base, "graders").items():
+        assert result["failure"] is None and result["exchanges"] >= 4, (name, result)
+        for check, (status, evidence) in result["checks"].items():
+            assert status == "pass", (name, check, evidence)
+
+
 # ------------------------------------------------------------- sessions are the registry's envs
 
 
