@@ -363,3 +363,15 @@ def test_attaching_to_another_workers_session_names_it(base: str) -> None:
     ) as ws:
         error = json.loads(ws.recv(timeout=30))["data"]
     assert error["code"] == "SESSION_ERROR" and "another worker" in error["message"]
+
+
+def test_a_reset_the_env_refuses_leaves_the_session_as_it_was(base: str, http: httpx.Client) -> None:
+    with socket(base, "textcraft") as ws:
+        env_id = ask(ws, {"type": "reset", "data": {"seed": 1, "oracle": True}})["data"]["metadata"]["env_id"]
+        same = ask(ws, {"type": "reset", "data": {"seed": 2, "oracle": True}})["data"]["metadata"]["env_id"]
+        assert same == env_id, "the same config again keeps the env"
+        refused = ask(ws, {"type": "reset", "data": {"seed": 10**6, "max_steps": 5}})
+        assert refused["data"]["code"] == "VALIDATION_ERROR" and "10" in refused["data"]["message"]
+        state = ask(ws, {"type": "state"})["data"]
+        assert state["env_id"] == env_id and env_id in live_env_ids(http)
+        assert ask(ws, {"type": "step", "data": {"action": "inventory"}})["type"] == "observation"
