@@ -90,8 +90,7 @@ async def typed_episode(spec: dict[str, Any], name: str) -> dict[str, Any]:
         result = await env.reset(seed=env_spec["seed"], **env_spec["config"])
         steps = 0
         while not result.done and steps < MAX_STEPS:
-            action = TextAction(action=getattr(result.observation, "oracle_action", None) or "inventory")
-            result = await env.step(action)
+            result = await env.step(TextAction(action=choose(result.observation.model_dump(), steps)))
             steps += 1
         state = await env.state()
         return {
@@ -170,10 +169,9 @@ async def episodes(spec: dict[str, Any]) -> dict[str, Any]:
     for name in names:
         report["generic"][name] = await asyncio.to_thread(generic_episode, spec, name)
         report["mcp"][name] = await mcp_episode(spec, name)
-    text_game = "textcraft"
-    report["typed"] = await typed_episode(spec, text_game)
-    report["autoenv"] = await asyncio.to_thread(autoenv_episode, spec, "babyai")
-    report["concurrent"] = await concurrent_sessions(spec, text_game)
+    report["typed"] = {name: await typed_episode(spec, name) for name in names}
+    report["autoenv"] = {name: await asyncio.to_thread(autoenv_episode, spec, name) for name in names}
+    report["concurrent"] = await concurrent_sessions(spec, "textcraft")
     return report
 
 

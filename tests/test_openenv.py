@@ -117,10 +117,13 @@ def test_generic_client_plays_a_whole_episode_of_every_env(report: dict[str, Any
 
 
 def test_typed_client_autoenv_and_mcp_tool_client(report: dict[str, Any]) -> None:
-    typed = report["typed"]
-    assert typed["done"] and typed["reward"] > 0 and typed["observation_type"] == "TextObservation"
-    assert typed["state"]["step_count"] == typed["steps"]
-    assert report["autoenv"]["client"] == "GenericEnvClient" and report["autoenv"]["done"]
+    for name, typed in report["typed"].items():
+        assert typed["done"] and typed["observation_type"] == "TextObservation", name
+        assert typed["state"]["step_count"] == typed["steps"] > 0
+        autoenv = report["autoenv"][name]
+        assert autoenv["client"] == "GenericEnvClient" and autoenv["done"], name
+        if ENVS[name]["config"].get("oracle"):
+            assert typed["reward"] > 0 and autoenv["reward"] > 0, name
     for name, episode in report["mcp"].items():
         assert episode["tools"] == [t["function"]["name"] for t in ENVIRONMENTS[name].tools()]
         assert episode["input_schema"]["type"] == "object"
