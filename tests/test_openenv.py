@@ -27,6 +27,7 @@ from tests.openenv_venv import OpenEnvDriver
 from tools.server_thread import ServerThread
 
 MAX_ENVS = 6
+MAX_FRAME = 64 * 1024  # the service's MAX_REQUEST_BYTES, which bounds a frame too
 # How each env is played to its end: the text games by their scripted solver (the `oracle`
 # config shows its next action), Crafter until its step cap.
 ENVS: dict[str, dict[str, Any]] = {
@@ -48,7 +49,7 @@ def driver() -> Iterator[OpenEnvDriver]:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Path]]:
     tmp = tmp_path_factory.mktemp("openenv")
     trace_db = tmp / "traces.db"
-    settings = make_settings(tmp, trace_db=trace_db, max_envs=MAX_ENVS)
+    settings = make_settings(tmp, trace_db=trace_db, max_envs=MAX_ENVS, max_request_bytes=MAX_FRAME)
     with ServerThread(create_app(settings), name="openenv-app") as server:
         yield server, trace_db
 
@@ -264,6 +265,7 @@ BAD_FRAMES: list[tuple[Any, str]] = [
     ({"type": "reset", "data": {"no_such_option": 1}}, "VALIDATION_ERROR"),
     ({"type": "reset", "data": {"rl_run_id": "../x"}}, "VALIDATION_ERROR"),
     ({"type": "call_tool"}, "VALIDATION_ERROR"),
+    ('{"type": "step", "data": {"action": "' + "x" * MAX_FRAME + '"}}', "VALIDATION_ERROR"),
     ({"type": "step", "data": {"action": "dance"}}, "EXECUTION_ERROR"),
     ({"type": "call_tool", "tool_name": "fly", "arguments": {}}, "EXECUTION_ERROR"),
     ({"type": "step", "data": {"tool_calls": [{"tool": "interact_many", "args": {}}]}}, "EXECUTION_ERROR"),
