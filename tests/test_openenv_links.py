@@ -1,7 +1,6 @@
 """The link a Ray front's WebSocket uses to reach its session on a host (`ClusterLink`), driven
 against a real app in this process: each operation one internal request through the app, as the
-front's router sends it to a host. (Through a real Ray cluster it is exercised by hand: see the
-report in docs/openenv.md, "Served through Ray".)"""
+front's router sends it to a host (through a real Ray cluster: `test_openenv_ray.py`)."""
 
 from __future__ import annotations
 
