@@ -134,6 +134,13 @@ async def run_batch(req: BatchRolloutsRequest, services: Services) -> BatchRollo
                 return BatchRolloutResult(id=idx, error=f"{type(exc).__name__}: {exc}")
 
     results = list(await asyncio.gather(*(one(idx) for idx in req.ids)))
+    return batch_response(req, results, time.monotonic() - started)
+
+
+def batch_response(
+    req: BatchRolloutsRequest, results: list[BatchRolloutResult], wall_s: float
+) -> BatchRolloutsResponse:
+    """The batch's answer from its results (in the order of ``req.ids``)."""
     scores = [r.score for r in results if r.error is None and r.score is not None]
     finished = [r for r in results if r.error is None]
     return BatchRolloutsResponse(
@@ -144,7 +151,7 @@ async def run_batch(req: BatchRolloutsRequest, services: Services) -> BatchRollo
         failed=len(results) - len(finished),
         mean_score=statistics.fmean(scores) if scores else None,
         success_rate=(sum(r.success for r in finished) / len(finished)) if finished else None,
-        wall_time_s=round(time.monotonic() - started, 6),
+        wall_time_s=round(wall_s, 6),
     )
 
 

@@ -43,7 +43,7 @@ from typing import Any
 
 import psutil
 
-from tools.bench.procs import HOST, ChildServer, pin
+from tools.bench.procs import HOST, ChildServer, bind, pin
 from tools.bench.served import warm_worlds
 
 FAKE_MODEL = "fake-model"
@@ -172,9 +172,7 @@ def start_service(
 ) -> ChildServer:
     """The task app in its own process, configured through environment variables."""
     server = ChildServer("service", {}, cpus=cpus, log=workdir / "service.log")
-    from grpo_service.serving.workers import BALANCED_REUSEPORT, bind
-
-    sock = bind(HOST, 0, reuse_port=BALANCED_REUSEPORT)
+    sock = bind(HOST, 0)
     server.port = sock.getsockname()[1]
     os.set_inheritable(sock.fileno(), True)
     env = {
