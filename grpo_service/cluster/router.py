@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from grpo_service.batch import batch_response
 from grpo_service.cluster.cluster import Cluster, HostRef
 from grpo_service.cluster.host import Answer, call_asgi
-from grpo_service.errors import HostUnavailable, ServiceError, WrongInstance, error_body, send_error
+from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
     BatchRolloutResult,
     BatchRolloutsRequest,
@@ -131,11 +131,12 @@ class ClusterRouter:
         key = request.run_id()
         hosts = self.cluster.by_key(key) if key is not None else self.cluster.by_load()
         answer: Answer | None = None
+        retry = request.path not in ROLLOUT_PATHS  # a rollout cut by a lost host is not replayed
         for host in hosts:
             try:
                 answer = await self._forward(host, request, weight=_weight(request.path))
-            except HostUnavailable:
-                if host is hosts[-1]:
+            except (HostUnavailable, HostLost):
+                if not retry or host is hosts[-1]:
                     raise
                 continue
             if answer[0] != 429:
@@ -202,7 +203,7 @@ class ClusterRouter:
             req = RolloutGroupRequest.model_validate_json(request.body)
         except ValidationError:
             return None  # one host answers the 422, as embedded
-        hosts = self.cluster.by_load()[: req.group_size]
+        hosts = self.cluster.answering()[: req.group_size]
         if len(hosts) < 2 or req.group_size > self.cluster.settings.max_group_size or req.fork is not None:
             return None  # one host answers (a fork plan's continuations fork from its members' envs)
         group_id = req.group_id or f"{hosts[0].tag}-{new_id()}"
@@ -244,7 +245,7 @@ class ClusterRouter:
             req = BatchRolloutsRequest.model_validate_json(request.body)
         except ValidationError:
             return None
-        hosts = self.cluster.by_load()[: len(req.ids)]
+        hosts = self.cluster.answering()[: len(req.ids)]
         if len(hosts) < 2:
             return None
         chunks = _split(req.ids, len(hosts))
