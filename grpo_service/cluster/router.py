@@ -28,7 +28,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from grpo_service.batch import batch_response
-from grpo_service.cluster.cluster import Cluster, HostRef
+from grpo_service.cluster.cluster import Cluster, HostRef, share
 from grpo_service.cluster.host import Answer, call_asgi
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
@@ -245,14 +245,15 @@ class ClusterRouter:
             req = BatchRolloutsRequest.model_validate_json(request.body)
         except ValidationError:
             return None
-        hosts = self.cluster.answering()[: len(req.ids)]
+        # No more hosts than the caller's concurrency: together the shares keep its bound.
+        hosts = self.cluster.answering()[: min(len(req.ids), req.concurrency)]
         if len(hosts) < 2:
             return None
         chunks = _split(req.ids, len(hosts))
         started = time.monotonic()
 
         async def part(host: HostRef, ids: list[int]) -> Answer | list[BatchRolloutResult]:
-            concurrency = max(1, -(-req.concurrency * len(ids) // len(req.ids)))
+            concurrency = share(req.concurrency, hosts.index(host), len(hosts))
             sub = req.model_copy(update={"ids": ids, "concurrency": concurrency})
             try:
                 return await self._forward(host, request.with_body(sub.model_dump_json().encode()), len(ids))
