@@ -10,8 +10,8 @@
 - ``/run/status`` and ``/run/abort`` ask every host (a client's run id names no host, a spread
   group has a part on each); the listings and ``/health`` add up every host's.
 - Training jobs and AgentGym's integer-id sessions live on one host (`Cluster.home`).
-- The docs, ``/info``, the trace viewer (the trace DB is on the front's node) and OpenEnv's
-  WebSocket sessions answer here, in the front's own process.
+- The docs, ``/info`` and the trace viewer (the trace DB is on the front's node) answer here;
+  OpenEnv's WebSockets end here too, their sessions on hosts (`grpo_service.openenv.links`).
 """
 
 from __future__ import annotations
