@@ -213,6 +213,39 @@ def train_trl(
     }
 
 
+def reevaluate(
+    engine: ModelEngine,
+    play_class: type[TaskAppEnv],
+    app: ServerThread,
+    sft_final: str,
+    out: Path,
+    report: dict[str, Any],
+    tasks: list[int],
+    args: argparse.Namespace,
+) -> dict[str, Any]:
+    """Every checkpoint of the run (SFT, and each seed's TRL and project GRPO) in both shapes."""
+
+    def both(path: str) -> dict[str, Any]:
+        engine.reload_weights(path)
+        return {
+            "trl_shape": eval_trl_shape(play_class, args.model_url, tasks, args),
+            "agent": eval_agent(app, tasks, args),
+        }
+
+    result: dict[str, Any] = {"tasks": len(tasks), "sft": both(sft_final), "runs": []}
+    for run in report["runs"]:
+        seed = run["seed"]
+        result["runs"].append(
+            {
+                "seed": seed,
+                "trl": both(str(out / f"trl-{seed}" / "final")),
+                "project": both(str(out / f"rl-{seed}" / "final")),
+            }
+        )
+    engine.reload_weights(sft_final)
+    return result
+
+
 def plot(report: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -221,9 +254,15 @@ def plot(report: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 4))
     labels, means, points = [], [], []
+    again = report.get("reeval")
     for key, label in (("trl", "TRL GRPOTrainer"), ("project", "project GRPO")):
-        before = report["sft"][f"eval_{key}"]["success_rate"]
-        after = [run[key]["eval"]["success_rate"] for run in report["runs"]]
+        if again:  # each trainer in the conversation shape it trained in
+            shape = "trl_shape" if key == "trl" else "agent"
+            before = again["sft"][shape]["success_rate"]
+            after = [run[key][shape]["success_rate"] for run in again["runs"]]
+        else:
+            before = report["sft"][f"eval_{key}"]["success_rate"]
+            after = [run[key]["eval"]["success_rate"] for run in report["runs"]]
         labels += [f"{label}\nbefore (SFT)", f"{label}\nafter"]
         means += [before, statistics.fmean(after)]
         points += [[before], after]
@@ -233,7 +272,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
         ax.scatter([i] * len(values), values, color="black", zorder=3, s=14)
     ax.set_xticks(range(4), labels)
     ax.set_ylim(0, 1)
-    ax.set_ylabel("success rate, held-out tasks")
+    tasks = again["tasks"] if again else report["sft"]["eval_trl"]["episodes"]
+    ax.set_ylabel(f"success rate, {tasks} held-out tasks")
     budget = report["runs"][0]["trl"]["episodes"]
     ax.set_title(
         f"BabyAI: one SFT checkpoint, then {budget} training episodes per run ({len(report['runs'])} seeds)"
@@ -262,6 +302,11 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--max-completion", type=int, default=1024, help="TRL: tokens of a whole episode.")
     parser.add_argument("--eval-temperature", type=float, default=0.7)
+    parser.add_argument(
+        "--reeval",
+        action="store_true",
+        help="Evaluate OUT's checkpoints again on --eval-tasks tasks, each in both conversation shapes.",
+    )
     args = parser.parse_args()
     args.model_url = "http://127.0.0.1:9"  # the solver's rollouts call no model; set once one is served
     torch.set_num_threads(1)
@@ -341,17 +386,22 @@ def main() -> None:
             }
             lap("sft")
         else:
-            report.update(
-                {
-                    k: v
-                    for k, v in json.loads((out / "report.json").read_text()).items()
-                    if k in ("demos", "model", "sft")
-                }
-            )
+            previous = json.loads((out / "report.json").read_text())
+            keep = ("demos", "model", "sft") + (("runs",) if args.reeval else ())
+            report.update({k: v for k, v in previous.items() if k in keep})
         sft_final = str(sft_dir / "final")
         engine = ModelEngine(sft_final, served_name="tiny", max_batch_rows=32)
         with ServerThread(create_model_app(engine), name="model-server") as model_server:
             args.model_url = model_server.base_url
+            if args.reeval:
+                report["reeval"] = reevaluate(
+                    engine, play_class, app, sft_final, out, report, eval_tasks, args
+                )
+                (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+                lap("re-evaluated")
+                engine.close()
+                plot(report, out / "report.png")
+                return
             if "eval_trl" not in report["sft"]:
                 report["sft"]["eval_trl"] = eval_trl_shape(
                     play_class, model_server.base_url, eval_tasks, args
