@@ -10,14 +10,16 @@ Each episode is traced when it ends (done, reset, or session closed).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from envs.base import StepResult, environment_class
+from envs.base import Environment, StepResult, environment_class
 from envs.errors import InvalidConfig, PluginError
 from grpo_service.deps import Services
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
@@ -26,7 +28,10 @@ from grpo_service.openenv.frames import ErrorCode, FrameError, ResetOptions, Sta
 from grpo_service.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.tracing.episodes import EpisodeRecorder
 
+log = logging.getLogger(__name__)
+
 RL_RUN_ID = "openenv"
+T = TypeVar("T")
 CLIENT = "openenv"  # the policy name of traced episodes
 
 
@@ -37,6 +42,7 @@ class Session:
     recorder: EpisodeRecorder
     episode_id: str
     step_count: int = 0
+    socket_owned: bool = False  # opened by its WebSocket: ends with it
     socket_attached: bool = False
     closed: bool = False
 
@@ -54,7 +60,7 @@ class Sessions:
 
     # ------------------------------------------------------------------------------- lifecycle
 
-    async def open(self, *, seed: int | None = None) -> Session:
+    async def open(self, *, seed: int | None = None, socket_owned: bool = False) -> Session:
         """A new session over a new env (``CAPACITY_REACHED`` when the service is full)."""
         self._forget_expired()
         try:
@@ -63,12 +69,17 @@ class Sessions:
             raise self.capacity_error(exc) from None
         except (PluginError, ServiceError) as exc:
             raise FrameError(ErrorCode.FACTORY_ERROR, _message(exc), factory_name=self.env_name) from None
+        except Exception as exc:  # an env that fails to build must not take the socket down unanswered
+            log.exception("OpenEnv session: building %s failed", self.env_name)
+            message = f"{type(exc).__name__}: {exc}"
+            raise FrameError(ErrorCode.FACTORY_ERROR, message, factory_name=self.env_name) from None
         episode_id = uuid.uuid4().hex
         session = Session(
             id=new_instance_id(),
             env_id=handle.id,
             recorder=self._recorder(handle, RL_RUN_ID, episode_id),
             episode_id=episode_id,
+            socket_owned=socket_owned,
         )
         self._sessions[session.id] = session
         return session
@@ -90,9 +101,8 @@ class Sessions:
             tagged = TAGGED_ID.match(session_id)
             if tagged and tagged.group(1) != INSTANCE_ID:
                 message = (
-                    f"session {session_id} lives in another worker or replica (instance {tagged.group(1)}; "
-                    f"this is {INSTANCE_ID}): a WebSocket attaching to an MCP session needs a "
-                    "single-worker server"
+                    f"session {session_id} lives in another replica of this service (instance "
+                    f"{tagged.group(1)}; this is {INSTANCE_ID}): use sticky routing, or serve through Ray"
                 )
             raise FrameError(ErrorCode.SESSION_ERROR, message, fatal=True)
         return session
@@ -107,8 +117,12 @@ class Sessions:
         session.socket_attached = True
         return session
 
-    def detach(self, session: Session) -> None:
-        session.socket_attached = False
+    async def release(self, session: Session, reason: str) -> None:
+        """Its WebSocket is gone: a session the socket opened ends, an attached one stays open."""
+        if session.socket_owned:
+            await self.close(session, reason)
+        else:
+            session.socket_attached = False
 
     async def close(self, session: Session, reason: str = "closed") -> bool:
         """Trace the episode under way, terminate the env, forget the session. Idempotent."""
@@ -141,10 +155,10 @@ class Sessions:
             raise validation_failed(exc, "reset data") from None
         handle = self._handle(session)
         rl_run_id = options.rl_run_id or handle.rl_run_id
-        config = options.config()
+        config = self._config(options.config()) if options.config() else self.services.envs.config(handle)
         self._submit(session, "reset")
-        if config or rl_run_id != handle.rl_run_id:
-            handle = await self._rebuild(session, handle, config or None, options.seed, rl_run_id)
+        if config != self.services.envs.config(handle) or rl_run_id != handle.rl_run_id:
+            handle = await self._rebuild(session, handle, config, options.seed, rl_run_id)
             result = handle.last
             assert result is not None
         else:
@@ -219,10 +233,20 @@ class Sessions:
         result = await self._call(self.services.envs.step(handle.id, **args))
         env_ms = (time.perf_counter() - started) * 1000
         session.step_count += 1
-        session.recorder.record(before, args, result, env_ms)
+        tool_calls = args.get("tool_calls") or as_tool_calls(
+            environment_class(self.env_name), args["actions"]
+        )
+        session.recorder.record(before, tool_calls, result, env_ms)
         if result.done:
             self._submit(session, "episode_done")
         return self.observation(session, result, result.reward)
+
+    def _config(self, given: dict[str, Any]) -> dict[str, Any]:
+        """``given`` as the env's full config (defaults filled in), or ``VALIDATION_ERROR``."""
+        try:
+            return environment_class(self.env_name).config_model.model_validate(given).model_dump(mode="json")
+        except ValidationError as exc:
+            raise validation_failed(exc, f"config for {self.env_name}") from None
 
     async def _rebuild(
         self,
@@ -232,25 +256,23 @@ class Sessions:
         seed: int | None,
         rl_run_id: str,
     ) -> EnvHandle:
-        """Replace the session's env by a new one built with ``config`` (checked first, so that a
-        bad config leaves the session as it was)."""
-        cls = environment_class(self.env_name)
-        if config is None:
-            config = self.services.envs.config(old)
-        else:
-            try:
-                cls.config_model.model_validate(config)
-            except ValidationError as exc:
-                raise validation_failed(exc, f"config for {self.env_name}") from None
-        await self.services.envs.terminate(old.id)
+        """Replace the session's env by a new one built with ``config``. The new env is built
+        before the old one goes, so a config or seed the env refuses leaves the session as it
+        was; only on a full server is the old env released first to make room."""
         try:
-            handle = await self.services.envs.create(self.env_name, config, seed, rl_run_id)
-        except CapacityExceeded as exc:
-            await self.close(session, "env_terminated")
-            raise self.capacity_error(exc) from None
-        except BaseException:
-            await self.close(session, "error")
-            raise
+            handle = await self._call(self.services.envs.create(self.env_name, config, seed, rl_run_id))
+        except FrameError as exc:
+            if exc.code != ErrorCode.CAPACITY_REACHED:
+                raise
+            await self.services.envs.terminate(old.id)
+            try:
+                handle = await self._call(self.services.envs.create(self.env_name, config, seed, rl_run_id))
+            except FrameError as again:
+                await self.close(session, "env_terminated")
+                again.fatal = True  # the old env is gone: the session cannot go on
+                raise
+        else:
+            await self.services.envs.terminate(old.id)
         session.env_id = handle.id
         return handle
 
@@ -274,10 +296,12 @@ class Sessions:
             fatal=True,
         )
 
-    async def _call(self, work: Any) -> StepResult:
+    async def _call(self, work: Awaitable[T]) -> T:
         """Await an `EnvManager` call, its errors turned into frames."""
         try:
             return await work
+        except CapacityExceeded as exc:
+            raise self.capacity_error(exc) from None
         except (NotFound, WrongInstance):
             raise FrameError(
                 ErrorCode.SESSION_ERROR, "the session's env was terminated meanwhile", fatal=True
@@ -305,6 +329,18 @@ class Sessions:
         recorder.decisions = []
         if trace is not None and tracer is not None:
             tracer.submit(trace)
+
+
+def as_tool_calls(cls: type[Environment], actions: list[Any]) -> list[dict[str, Any]]:
+    """Plain actions as calls of the env's tool: one call with all of them if its tool takes an
+    ``actions`` list (Crafter's ``interact_many``), else a call per action (``act``)."""
+    tools = cls.tools()
+    if not tools:
+        return []
+    function = tools[0]["function"]
+    if "actions" in function.get("parameters", {}).get("properties", {}):
+        return [{"tool": function["name"], "args": {"actions": list(actions)}}]
+    return [{"tool": function["name"], "args": {"action": action}} for action in actions]
 
 
 def tool_result(data: dict[str, Any]) -> dict[str, Any]:

@@ -82,18 +82,26 @@ class TraceRows:
         return sum(len(rows) for rows in self.tables.values())
 
 
+def _message_key(message: dict[str, Any], source: str) -> Any:
+    """What identifies a message: its plain role and text when that is all it has (most of a
+    prompt, replayed each turn: no JSON encoding), else its canonical JSON."""
+    if len(message) == 2 and type(message.get("role")) is str and type(message.get("content")) is str:
+        return (source, message["role"], message["content"])
+    return f"{source}:{canonical(message)}"
+
+
 class _Messages:
     """A session's distinct messages: a message seen again in a later prompt is stored once."""
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.index: dict[str, int] = {}
+        self.index: dict[Any, int] = {}
         self.rows: list[tuple[Any, ...]] = []
 
     def add(self, message: Any, turn: int, source: str) -> int:
         if not isinstance(message, dict):
             message = {"role": "", "$content": message}
-        key = f"{source}:{canonical(message)}"
+        key = _message_key(message, source)
         found = self.index.get(key)
         if found is not None:
             return found
@@ -115,6 +123,15 @@ class _Messages:
         )
         self.index[key] = idx
         return idx
+
+
+def _request_without_messages(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters, secrets redacted. The tool schemas (the environment's own, the
+    same every turn) are kept as they are rather than walked again for secrets each turn."""
+    params = redact({k: v for k, v in request.items() if k not in ("messages", "tools")})
+    if "tools" in request:
+        params["tools"] = request["tools"]
+    return params
 
 
 def _completion_message(response: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -180,7 +197,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
                     session_id,
                     d.turn,
                     call.request.get("model") or call.model,
-                    dumps(redact({k: v for k, v in call.request.items() if k != "messages"})),
+                    dumps(_request_without_messages(call.request)),
                     dumps(call.response),
                     call.finish_reason,
                     usage.get("prompt_tokens"),

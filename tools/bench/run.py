@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_service.serving.workers import cpu_count
 from tools.bench import inproc, served
-from tools.bench.procs import ChildServer, pin
+from tools.bench.procs import ChildServer, cpu_count, pin
 
 FAKE_MODEL = "fake-model"
 LLM_LATENCY_S = 0.2
@@ -63,7 +62,10 @@ class Figure:
     higher_is_better: bool = True
 
 
-WORKERS_NOTE = "server: one worker process per CPU (serve --workers 0), sharing the CPUs with the harness"
+WORKERS_NOTE = (
+    "server: a front and one Ray host per CPU (serve --workers 0: a local Ray cluster), sharing the "
+    "CPUs with the harness"
+)
 ONE_WORKER_NOTE = "one server process pinned to one CPU, the harness on the others"
 
 FIGURES: tuple[Figure, ...] = (
@@ -100,8 +102,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "rollout_traced_steps_per_s",
         "steps/s",
-        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every worker writes every rollout "
-        "to one SQLite file)",
+        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every host sends every rollout "
+        "to the cluster's one SQLite writer)",
     ),
     Figure(
         "llm_bound",
@@ -155,14 +157,14 @@ class Ratio:
 
 
 RATIOS: tuple[Ratio, ...] = (
-    Ratio("step_vs_raw", "env_steps_per_s", "raw_crafter_steps_per_s", 2.0, "env / raw step rate"),
-    Ratio("reset_cached_vs_raw", "raw_reset_s", "env_reset_cached_s", 50.0, "raw reset / cached reset"),
+    Ratio("step_vs_raw", "env_steps_per_s", "raw_crafter_steps_per_s", 4.0, "env / raw step rate"),
+    Ratio("reset_cached_vs_raw", "raw_reset_s", "env_reset_cached_s", 500.0, "raw reset / cached reset"),
     Ratio("http_vs_inproc", "http_steps_per_s", "env_steps_per_s", 0.7, "HTTP step rate / in-process"),
     Ratio(
         "rollout_vs_inproc", "rollout_steps_per_s", "env_steps_per_s", 0.7, "rollout step rate / in-process"
     ),
     Ratio("llm_bound_efficiency", "llm_bound", "llm_bound_ideal", 0.9, "achieved / ideal decisions/s"),
-    Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.95, "traced / untraced"),
+    Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.98, "traced / untraced"),
 )
 RATIO_KEYS = tuple(r.key for r in RATIOS)
 
@@ -301,11 +303,11 @@ class Bench:
         self.samples = Samples()
         self.servers: list[ChildServer] = []
         self.notes: list[str] = []
-        self.workers = cpu_count()  # workers of each multi-worker server (serve --workers 0)
+        self.workers = cpu_count()  # Ray hosts of each multi-host server (serve --workers 0)
 
     def _service(self, name: str, fake_url: str, *, workers: int = 1, **settings: Any) -> ChildServer:
-        """A task-app server: one process pinned to the service CPU, or ``workers=0`` (one
-        worker per CPU, unpinned, as ``serve --workers 0`` runs)."""
+        """A task-app server: one process pinned to the service CPU, or ``workers=0``: the front
+        of a local Ray cluster of one host per CPU, unpinned, as ``serve --workers 0`` runs."""
         payload = {
             "state_dir": str(self.workdir / name / "state"),
             "snapshot_secret": "bench-secret-" + "x" * 32,
@@ -313,7 +315,7 @@ class Bench:
             "vllm_base_url": fake_url,
             "reaper_interval_s": 3600.0,
             "inference_max_retries": 0,
-            "workers": workers,
+            **({} if workers == 1 else {"ray_address": "local", "ray_hosts": workers or self.workers}),
             **settings,
         }
         cpus = self.layout.service if workers == 1 else None
@@ -355,7 +357,7 @@ class Bench:
         if trace_problem:
             self.samples.skipped["rollout_traced_steps_per_s"] = trace_problem
             self.notes.append(f"rollout_traced_steps_per_s skipped: {trace_problem}")
-        self.log(f"layout: {self.layout.describe()}; multi-worker servers: {self.workers} workers, unpinned")
+        self.log(f"layout: {self.layout.describe()}; multi-host servers: {self.workers} Ray hosts, unpinned")
         try:
             fake0 = self._fake("fake-0ms", 0.0)
             fake200 = self._fake("fake-200ms", LLM_LATENCY_S)
@@ -373,11 +375,11 @@ class Bench:
                 server.wait_ready()
             group_seeds = list(range(101, 101 + max(1, plan.llm_rollouts // plan.group_size)))
             with pinned(self.layout.harness):
-                for server in servers:  # every worker caches the worlds it will play
-                    workers = 1 if server is one else self.workers
-                    asyncio.run(served.warm_worlds(server.base_url, [7], workers=workers))
+                for server in servers:  # every host caches the worlds it will play
+                    hosts = 1 if server is one else self.workers
+                    asyncio.run(served.warm_worlds(server.base_url, [7], hosts=hosts))
                     asyncio.run(
-                        served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, workers=workers)
+                        served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, hosts=hosts)
                     )
                     self._warm_up_groups(server, (fake0, fake200), group_seeds)
             for rep in range(plan.repeats):
@@ -622,7 +624,7 @@ class Bench:
                 "fake_actions_per_call": list(self.plan.actions_per_call),
                 "rollout_steps_per_decision": statistics.median(spd) if spd else None,
                 "load_generator": "this process, asyncio + raw HTTP/1.1 keep-alive sockets",
-                "multi_worker_servers": f"{self.workers} workers each (serve --workers 0), unpinned",
+                "multi_host_servers": f"{self.workers} Ray hosts each (serve --workers 0), unpinned",
                 "http_request": '{"env_id": ..., "action": "<random name>"}; full response parsed',
                 "statistic": "median over repeats; spread = [min, max]; ratios = median of per-repeat ratios",
             },

@@ -33,38 +33,15 @@ async def create_env(client: RawClient, seed: int) -> str:
     return body["env_id"]
 
 
-async def worker_connections(base_url: str, workers: int, attempts: int = 256) -> list[RawClient]:
-    """One connection to each of a server's ``workers`` worker processes (a connection stays
-    with the worker that accepted it; /health names it)."""
-    found: dict[str, RawClient] = {}
-    spare: list[RawClient] = []
-    try:
-        for _ in range(attempts):
-            if len(found) == workers:
-                break
-            client = await RawClient(HOST, _port(base_url)).connect()
-            instance = (await client.get_json("/health"))["instance"]
-            if instance in found:
-                spare.append(client)
-            else:
-                found[instance] = client
-        if len(found) < workers:
-            raise RuntimeError(f"reached {len(found)} of {workers} workers in {attempts} connections")
-    finally:
-        for client in spare:
-            await client.close()
-    return list(found.values())
-
-
-async def warm_worlds(base_url: str, seeds: list[int], episodes: int = 1, *, workers: int = 1) -> None:
-    """Generate (and cache in every worker of the server) the worlds of the first ``episodes``
+async def warm_worlds(base_url: str, seeds: list[int], episodes: int = 1, *, hosts: int = 1) -> None:
+    """Generate (and cache in every host of the server) the worlds of the first ``episodes``
     episodes of ``seeds``, outside any timing: a rollout that dies and resets then finds its
-    next world cached, as a trainer replaying its seeds would. World generation has its own
-    figure."""
-    for client in await worker_connections(base_url, workers):
-        async with client:
-            for seed in seeds:
-                env_id = await create_env(client, seed)
+    next world cached, as a trainer replaying its seeds would. Through Ray, ``hosts`` envs of a
+    seed alive at once are placed one per host. World generation has its own figure."""
+    async with await RawClient(HOST, _port(base_url)).connect() as client:
+        for seed in seeds:
+            env_ids = [await create_env(client, seed) for _ in range(hosts)]
+            for env_id in env_ids:
                 for _ in range(episodes - 1):
                     await client.post_json("/env/reset", {"env_id": env_id})
                 await client.post_json("/env/terminate", {"env_id": env_id})
@@ -77,8 +54,7 @@ async def http_steps_per_s(base_url: str, clients: int, seconds: float, seed: in
     """``clients`` keep-alive connections, each stepping its own env with one random action per
     request (``{"env_id", "action"}``; the full response with the text observation is read and
     parsed). A finished episode is reset to the same seed (not counted). Steps completed in the
-    window / window. With several workers, each client's env lives in the worker that accepted
-    its connection."""
+    window / window. Through Ray, the clients' envs are spread over the hosts."""
     conns = [await RawClient(HOST, _port(base_url)).connect() for _ in range(clients)]
     env_ids = [await create_env(conns[i], seed) for i in range(clients)]
     count = 0
@@ -150,7 +126,7 @@ async def rollout_groups(
     """``rollouts // group_size`` concurrent ``/rollout/group`` requests (one connection each,
     default recording: trajectories with observations), the crafter-react policy against the
     fake at ``inference_url``. Wall time runs from the first request to the last response.
-    With several workers, the server places each group on the least loaded one."""
+    Through Ray, each group's members are spread over the hosts."""
     groups = rollouts // group_size
     conns = [await RawClient(HOST, _port(base_url)).connect() for _ in range(groups)]
 
