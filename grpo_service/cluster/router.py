@@ -10,8 +10,8 @@
 - ``/run/status`` and ``/run/abort`` ask every host (a client's run id names no host, a spread
   group has a part on each); the listings and ``/health`` add up every host's.
 - Training jobs and AgentGym's integer-id sessions live on one host (`Cluster.home`).
-- The docs, ``/info``, the trace viewer (the trace DB is on the front's node) and OpenEnv's
-  WebSocket sessions answer here, in the front's own process.
+- The docs, ``/info`` and the trace viewer (the trace DB is on the front's node) answer here;
+  OpenEnv's WebSockets end here too, their sessions on hosts (`grpo_service.openenv.links`).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from grpo_service.batch import batch_response
-from grpo_service.cluster.cluster import Cluster, HostRef
+from grpo_service.cluster.cluster import Cluster, HostRef, share
 from grpo_service.cluster.host import Answer, call_asgi
-from grpo_service.errors import HostUnavailable, ServiceError, WrongInstance, error_body, send_error
+from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
     BatchRolloutResult,
     BatchRolloutsRequest,
@@ -132,11 +132,12 @@ class ClusterRouter:
         key = request.run_id()
         hosts = self.cluster.by_key(key) if key is not None else self.cluster.by_load()
         answer: Answer | None = None
+        retry = request.path not in ROLLOUT_PATHS  # a rollout cut by a lost host is not replayed
         for host in hosts:
             try:
                 answer = await self._forward(host, request, weight=_weight(request.path))
-            except HostUnavailable:
-                if host is hosts[-1]:
+            except (HostUnavailable, HostLost):
+                if not retry or host is hosts[-1]:
                     raise
                 continue
             if answer[0] != 429:
@@ -203,7 +204,7 @@ class ClusterRouter:
             req = RolloutGroupRequest.model_validate_json(request.body)
         except ValidationError:
             return None  # one host answers the 422, as embedded
-        hosts = self.cluster.by_load()[: req.group_size]
+        hosts = self.cluster.answering()[: req.group_size]
         if len(hosts) < 2 or req.group_size > self.cluster.settings.max_group_size or req.fork is not None:
             return None  # one host answers (a fork plan's continuations fork from its members' envs)
         group_id = req.group_id or f"{hosts[0].tag}-{new_id()}"
@@ -245,14 +246,15 @@ class ClusterRouter:
             req = BatchRolloutsRequest.model_validate_json(request.body)
         except ValidationError:
             return None
-        hosts = self.cluster.by_load()[: len(req.ids)]
+        # No more hosts than the caller's concurrency: together the shares keep its bound.
+        hosts = self.cluster.answering()[: min(len(req.ids), req.concurrency)]
         if len(hosts) < 2:
             return None
         chunks = _split(req.ids, len(hosts))
         started = time.monotonic()
 
         async def part(host: HostRef, ids: list[int]) -> Answer | list[BatchRolloutResult]:
-            concurrency = max(1, -(-req.concurrency * len(ids) // len(req.ids)))
+            concurrency = share(req.concurrency, hosts.index(host), len(hosts))
             sub = req.model_copy(update={"ids": ids, "concurrency": concurrency})
             try:
                 return await self._forward(host, request.with_body(sub.model_dump_json().encode()), len(ids))
