@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Sequence
@@ -26,9 +27,6 @@ from grpo_service.tracing.traces import RolloutTrace
 
 HOST_PREFIX = "grpo-host-"
 TRACE_SINK_NAME = "grpo-traces"
-
-# Listings and counts the front gathers from every host (`Host.summaries`).
-LISTED = ("env", "policy", "run")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
 
@@ -214,6 +212,4 @@ async def call_asgi(
 
 
 def _error_json(code: str, detail: str) -> bytes:
-    import json
-
     return json.dumps(error_body(code, detail)).encode()
