@@ -5,8 +5,9 @@
 - Work that names no live id is *placed*: on the least loaded host (a client-chosen ``run_id``
   always on the host its hash picks, which sees duplicates), and on the next one when a host
   answers 429 (full): capacity limits are split over the hosts and hold for the cluster.
-- ``POST /rollout/group`` and ``POST /rollouts`` are spread: each host plays a share of the
-  members or ids, and the front joins the answers (one call per host, not per rollout).
+- ``POST /rollout/group`` (and ``/start``) and ``POST /rollouts`` are spread: each host plays a
+  share of the members or ids, and the front joins the answers (one call per host, not per
+  rollout); ``/run/status`` joins a background group's shares.
 - ``/run/status`` and ``/run/abort`` ask every host (a client's run id names no host, a spread
   group has a part on each); the listings and ``/health`` add up every host's.
 - Training jobs and AgentGym's integer-id sessions live on one host (`Cluster.home`).
