@@ -336,8 +336,10 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         )
         if message.get("content"):
             meta["assistant_content"] = message["content"]
-        if message.get("reasoning_content"):
-            meta["reasoning_content"] = message["reasoning_content"]
+        # vLLM 0.32 names it `reasoning`; earlier vLLM and other servers `reasoning_content`.
+        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        if reasoning:
+            meta["reasoning_content"] = reasoning
 
         reply = self.parse_reply(message, call.finish_reason)
         if reply.error is None:
