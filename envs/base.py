@@ -103,6 +103,9 @@ class Environment(abc.ABC, Generic[ConfigT]):
     inline_step_max_actions: ClassVar[int] = 0
     # Achievements an episode can unlock, in the order evaluation reports them (none: a task).
     achievements: ClassVar[tuple[str, ...]] = ()
+    # Whether ``get_state`` works mid-episode, so that a forking GRPO group can copy it at any
+    # turn. An env whose state lives where it cannot be read (a remote session) says False.
+    snapshots_mid_episode: ClassVar[bool] = True
 
     config: ConfigT
     seed: int
@@ -130,6 +133,12 @@ class Environment(abc.ABC, Generic[ConfigT]):
     @abc.abstractmethod
     def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
         """Turn the tool calls a policy emitted into actions (``InvalidAction`` if none valid)."""
+
+    @classmethod
+    def tools(cls) -> list[dict[str, Any]]:
+        """The tools an agent acts through, as OpenAI function schemas: the calls that
+        `actions_from_tool_calls` executes (an LLM policy of this env offers the same ones)."""
+        return []
 
     @property
     @abc.abstractmethod
@@ -284,6 +293,13 @@ class Policy(abc.ABC, Generic[ConfigT]):
 
     def observe_outcome(self, result: StepResult) -> None:  # noqa: B027 - optional hook
         """Called after the env executed this policy's tool calls (e.g. to keep history)."""
+
+    def answer_invalid(self, error: str, detail: str | None) -> str | None:
+        """The last decision could not be played (``error``: its kind, e.g. ``no_action``, or
+        ``invalid_action`` when the env refused it). Return the feedback the policy shows its model
+        in the next turn to go on (the turn is recorded as invalid and counts as a round), or None
+        to end the episode with ``policy_error:<error>`` (the default)."""
+        return None
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget the episode's history (called when the bound env resets)."""

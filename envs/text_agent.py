@@ -10,7 +10,8 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from envs.agent import LLMAgent, LLMAgentConfig, PromptFormatName, text_action_tool
+from envs.agent import LLMAgent, LLMAgentConfig, PromptFormatName
+from envs.base import environment_class
 from envs.text_game import clean_action
 
 
@@ -24,7 +25,6 @@ class TextGameAgent(LLMAgent[TextGameAgentConfig]):
     config_model = TextGameAgentConfig
     prompt_formats: ClassVar[tuple[PromptFormatName, ...]] = ("agentgym", "tool_calls")
     instruction: ClassVar[str]
-    action_help: ClassVar[str]
     # TextCraft's and BabyAI's clients keep only letters, digits, commas and spaces of the action;
     # SciWorld's takes the text as written.
     clean_symbols: ClassVar[bool] = True
@@ -42,7 +42,7 @@ class TextGameAgent(LLMAgent[TextGameAgentConfig]):
         return self.instruction
 
     def tools(self) -> list[dict]:
-        return [text_action_tool(self.action_help)]
+        return environment_class(self.env_name).tools()  # type: ignore[arg-type]
 
     def clean_text_action(self, text: str) -> str:
         return clean_action(text) if self.clean_symbols else text.strip()

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field, ValidationError
 
-from envs.agent import TEXT_ACTION_TOOL, text_actions
+from envs.agent import TEXT_ACTION_TOOL, text_action_tool, text_actions
 from envs.base import ConfigT, Environment, Frame, PluginConfig, StepResult
 from envs.errors import EpisodeOver, InvalidAction, InvalidConfig, InvalidState
 
@@ -147,6 +147,8 @@ class TextGameEnv(Environment[ConfigT]):
 
     inline_step_max_actions = 0
     state_magic: ClassVar[bytes]
+    # What the ``act`` tool's description says an action is in this game.
+    action_help: ClassVar[str]
 
     def __init__(self, config: ConfigT, seed: int | None) -> None:
         self.config = config
@@ -230,6 +232,10 @@ class TextGameEnv(Environment[ConfigT]):
 
     def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
         return self._check_actions(game_actions(tool_calls))
+
+    @classmethod
+    def tools(cls) -> list[dict[str, Any]]:
+        return [text_action_tool(cls.action_help)]
 
     @property
     def step_idx(self) -> int:

@@ -21,6 +21,7 @@ from grpo_service.deps import Services
 from grpo_service.environments import EnvManager
 from grpo_service.errors import install_error_handlers
 from grpo_service.limits import BodySizeLimit
+from grpo_service.openenv import server as openenv
 from grpo_service.policies import PolicyManager
 from grpo_service.registry import INSTANCE_ID, Registry
 from grpo_service.rollout import RolloutCoordinator
@@ -160,6 +161,7 @@ def create_app(
     for module in (meta, env, policy, rollout, rollouts, viewer):  # each route lists the errors it can return
         app.include_router(module.router)
     agentgym.mount(app, services)
+    openenv.mount(app, services)
     if settings.training_enabled:
         app.include_router(training.router)
     document_security(app)

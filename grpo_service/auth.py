@@ -10,6 +10,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from pydantic import SecretStr
+from starlette.requests import HTTPConnection
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from grpo_service.errors import ERROR_MEANINGS, Unauthorized, send_error
@@ -18,7 +19,7 @@ from grpo_service.models import ErrorBody
 log = logging.getLogger(__name__)
 
 
-def _presented_key(request: Request) -> str | None:
+def _presented_key(request: HTTPConnection) -> str | None:
     key = request.headers.get("x-api-key")
     if key:
         return key
@@ -38,8 +39,8 @@ async def require_api_key(request: Request) -> None:
         check_key(request, expected)
 
 
-def check_key(request: Request, expected: SecretStr) -> None:
-    """Raise `Unauthorized` unless ``request``'s headers carry the ``expected`` key."""
+def check_key(request: HTTPConnection, expected: SecretStr) -> None:
+    """Raise `Unauthorized` unless ``request``'s (or a WebSocket's) headers carry the ``expected`` key."""
     presented = _presented_key(request)
     # Never echo any part of either key back.
     if presented is None:

@@ -4,8 +4,9 @@ Each id is an ordinary rollout of the coordinator (so it is traced like any othe
 environment's LLM agent, created from the request's ``model`` and ``base_url``; its result is
 reshaped the way seed 003's trainer reads it: the score on the environment's own scale,
 success, the rounds used, the conversation as chat messages, and the token ids and logprobs of
-each model call. One id that fails becomes an error entry; the batch always answers every id,
-in order.
+each model call. A reply the environment cannot use is answered and the episode goes on (the
+agent's ``on_invalid_reply``, in ``policy_config``). One id that fails becomes an error entry;
+the batch always answers every id, in order.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
         score=float(score),
         success=bool(last_info.get("success", False)),
         rounds=len(steps),
+        invalid_rounds=sum(1 for s in steps if s.decision_error is not None),
         conversation=conversation(response.trace or {}, final),
         turns=turns if has_tokens else None,
         stop_reason=response.stop_reason,
@@ -184,7 +186,9 @@ def conversation(trace: dict[str, Any], final: dict[str, Any] | None) -> list[di
         if reply.get("tool_calls"):
             assistant["tool_calls"] = reply["tool_calls"]
         messages.append(assistant)
-        if i + 1 < len(turns):
+        if turn.get("feedback") is not None:  # an invalid reply, answered by the service
+            answer = turn["feedback"]
+        elif i + 1 < len(turns):
             answer = (turns[i + 1].get("messages") or [{}])[-1].get("content")
         elif turn.get("reward") is not None and final is not None:
             answer = final.get("text")

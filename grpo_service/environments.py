@@ -134,12 +134,24 @@ class EnvManager(LiveObjects[EnvHandle]):
     async def fork(self, handle: EnvHandle, count: int, parent_snapshot_id: str | None) -> list[EnvHandle]:
         """``count`` exact copies of a live env (one serialization, ``count`` restores)."""
         self.registry.envs.reserve(count)
+        payload = await self.state_of(handle)
+        return await self.copies(handle, payload, count, parent_snapshot_id=parent_snapshot_id)
+
+    async def state_of(self, handle: EnvHandle) -> bytes:
+        """The env's live state as it is now (``get_state``), to copy later with `copies`."""
         async with handle.lock:
             self._check_open(handle)
-            payload = await self.run(handle.env.get_state)
-        copies = await self.run(_restore_copies, type(handle.env), payload, count)
+            return await self.run(handle.env.get_state)
+
+    async def copies(
+        self, parent: EnvHandle, payload: bytes, count: int, parent_snapshot_id: str | None = None
+    ) -> list[EnvHandle]:
+        """``count`` envs restored from ``payload``, a `state_of` ``parent`` (which may have moved
+        on or ended since), registered with ``parent`` as their lineage."""
+        self.registry.envs.reserve(count)
+        copies = await self.run(_restore_copies, type(parent.env), payload, count)
         return await self._register_all(
-            copies, handle.rl_run_id, parent_env_id=handle.id, parent_snapshot_id=parent_snapshot_id
+            copies, parent.rl_run_id, parent_env_id=parent.id, parent_snapshot_id=parent_snapshot_id
         )
 
     # A GRPO group's start envs are built in one worker-thread call: under load each thread hop

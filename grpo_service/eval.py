@@ -118,6 +118,7 @@ class EpisodeResult(BaseModel):
     failure: str | None = Field(default=None, description="Cause, when the episode did not complete.")
     error: str | None = None
     turns: int = 0
+    invalid_turns: int = Field(default=0, description="Replies the env could not use (answered).")
     steps: int = 0
     achievements: list[str] = Field(default_factory=list)
     total_return: float = 0.0
@@ -139,6 +140,7 @@ def aggregate(results: list[EpisodeResult], env: type[Environment]) -> dict[str,
         "scored": n,
         "mean_return": (sum(r.total_return for r in scored) / n) if n else 0.0,
         "failures": dict(Counter(r.failure for r in results if r.failure is not None)),
+        "invalid_turns": sum(r.invalid_turns for r in scored),
         # The first episode's words for each cause, e.g. "Cannot connect to host ...".
         "failure_details": {
             cause: next(r.error for r in results if r.failure == cause and r.error)
@@ -191,6 +193,7 @@ def _result(
         failure=failure,
         error=detail,
         turns=metrics.num_decisions,
+        invalid_turns=metrics.invalid_decisions,
         steps=metrics.num_steps,
         achievements=list(metrics.achievements),
         total_return=float(sum(metrics.episode_returns)),

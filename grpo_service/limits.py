@@ -82,24 +82,30 @@ def _finite_float(text: str) -> float:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+def strict_json(body: bytes | str) -> Any:
+    """Parse standard JSON only (`json.JSONDecodeError` otherwise): Python's `json` accepts ``NaN``,
+    ``Infinity``, ``1e400`` (→ inf) and lone UTF-16 surrogate escapes (``"\\ud800"``): none is valid
+    JSON text, and once parsed each crashes a strict encoder downstream (the response, the OpenAI
+    client). Nesting deeper than `MAX_JSON_DEPTH` is refused too."""
+    raw = body.encode() if isinstance(body, str) else body
+    value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    # Only a body with more brackets than the limit can nest that deep: count at C speed.
+    if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and too_deep(value):
+        raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", "", 0)
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then pay for the check
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise json.JSONDecodeError("lone UTF-16 surrogate in a string", "", 0) from None
+    return value
+
+
 class StrictJSONRequest(Request):
-    """Python's `json` accepts ``NaN``, ``Infinity``, ``1e400`` (→ inf) and lone UTF-16 surrogate
-    escapes (``"\\ud800"``): none is valid JSON text, and once parsed each crashes a strict encoder
-    downstream (the response, the OpenAI client) with a 500."""
+    """A request whose JSON body is parsed by `strict_json` (a 500 downstream otherwise)."""
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            body = await self.body()
-            value = json.loads(body, parse_constant=_refuse_constant, parse_float=_finite_float)
-            # Only a body with more brackets than the limit can nest that deep: count at C speed.
-            if body.count(b"{") + body.count(b"[") > MAX_JSON_DEPTH and too_deep(value):
-                raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", "", 0)
-            if _SURROGATE_ESCAPE.search(body):  # rare: only then pay for the check
-                try:
-                    json.dumps(value, ensure_ascii=False).encode()
-                except UnicodeEncodeError:
-                    raise json.JSONDecodeError("lone UTF-16 surrogate in a string", "", 0) from None
-            self._json = value
+            self._json = strict_json(await self.body())
         return self._json
 
 

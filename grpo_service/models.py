@@ -209,19 +209,15 @@ class EnvResetResponse(EnvState):
     pass
 
 
-class EnvStepRequest(Request):
-    """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
+class EnvAction(Request):
+    """What one step executes: exactly one of ``action``, ``actions`` or ``tool_calls``."""
 
     model_config = request_config(
-        {"env_id": ENV_ID, "actions": ["move_left", "do"]},
-        {"env_id": ENV_ID, "action": "do"},
-        {
-            "env_id": ENV_ID,
-            "tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}],
-        },
+        {"actions": ["move_left", "do"]},
+        {"action": "do"},
+        {"tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}]},
     )
 
-    env_id: Id = Field(description="The env to step.")
     action: Action | None = Field(default=None, description="One action, by name or index.")
     actions: list[Action] | None = Field(
         default=None, min_length=1, max_length=64, description="Actions run in order (stops at episode end)."
@@ -234,11 +230,32 @@ class EnvStepRequest(Request):
     )
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> EnvStepRequest:
+    def _exactly_one(self) -> EnvAction:
         given = [n for n in ("action", "actions", "tool_calls") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError("give exactly one of 'action', 'actions' or 'tool_calls'")
         return self
+
+    def step_args(self) -> dict[str, Any]:
+        """The keyword arguments of `EnvManager.step` that execute it."""
+        if self.tool_calls is not None:
+            return {"tool_calls": self.tool_calls}
+        return {"actions": self.actions if self.actions is not None else [self.action]}
+
+
+class EnvStepRequest(EnvAction):
+    """Give exactly one of ``action``, ``actions`` or ``tool_calls``."""
+
+    model_config = request_config(
+        {"env_id": ENV_ID, "actions": ["move_left", "do"]},
+        {"env_id": ENV_ID, "action": "do"},
+        {
+            "env_id": ENV_ID,
+            "tool_calls": [{"tool": "interact_many", "args": {"actions": ["move_up", "do"]}}],
+        },
+    )
+
+    env_id: Id = Field(description="The env to step.")
 
 
 class EnvStepResponse(BaseModel):
@@ -575,6 +592,11 @@ class RolloutStep(BaseModel):
         default=None, description="Why the decision failed, e.g. `no_tool_call`."
     )
     decision_error_detail: str | None = Field(default=None, description="The failure in words.")
+    feedback: str | None = Field(
+        default=None,
+        description="An invalid turn the policy answered (no env step was taken): what its model is "
+        "told in the next prompt.",
+    )
     llm: LLMCallRecord | None = Field(default=None, description="The LLM call behind the decision.")
     timing: dict[str, float] = Field(default_factory=dict, description="`llm_ms`, `env_ms`.")
 
@@ -601,6 +623,9 @@ class RolloutMetrics(BaseModel):
     mean_return: float = Field(description="Mean of `episode_returns`.")
     num_steps: int = Field(description="Env ticks executed.")
     num_decisions: int = Field(description="Policy decisions (LLM calls for an LLM policy).")
+    invalid_decisions: int = Field(
+        default=0, description="Decisions that could not be played (answered or ending the rollout)."
+    )
     num_episodes: int = Field(description="Episodes played (in part or whole).")
     achievements: list[str] = Field(description="Union over episodes.")
     achievements_count: int = Field(description="Distinct achievements.")
@@ -645,11 +670,74 @@ class RolloutResponse(BaseModel):
     policy_id: str | None = Field(default=None, description="The caller's policy (null when made here).")
     group_id: str | None = Field(default=None, description="The group it belongs to.")
     group_index: int | None = Field(default=None, description="Its index in the group.")
+    parent_index: int | None = Field(
+        default=None,
+        description="In a forking group, a continuation's parent member (null: a root). Its turns "
+        "before `fork_turn` are the parent's, stored once there; its own steps start at `fork_turn`.",
+    )
+    fork_turn: int | None = Field(
+        default=None, description="The turn at which it forked from its parent (null: a root)."
+    )
     trace: dict[str, Any] | None = Field(default=None, description="With `record.return_trace`: the trace.")
     warnings: list[str] = Field(
         default_factory=list,
         description="Problems that leave the result usable but not as asked (e.g. no token ids).",
     )
+
+
+class ForkPlan(Request):
+    """Where a group's root rollouts fork, and into how many continuations each.
+
+    A fork at turn ``t`` copies the root's env and policy exactly as they are before its decision
+    ``t`` (the branch machinery, not a replay) into ``continuations`` new members, which play on
+    from there. Give exactly one of ``at_turns``, ``every`` or ``rule``."""
+
+    model_config = request_config(
+        {"every": 2, "continuations": 2},
+        {"at_turns": [2, 4], "continuations": 3},
+        {"rule": "max_entropy", "count": 2, "continuations": 2},
+    )
+
+    at_turns: list[Annotated[int, Field(strict=True, ge=1, le=MAX_TURNS)]] | None = Field(
+        default=None, max_length=64, description="Fork at these turns (decision indices, 1 or more)."
+    )
+    every: int | None = Field(
+        default=None, strict=True, ge=1, le=MAX_TURNS, description="Fork at turns k, 2k, 3k, ..."
+    )
+    rule: Literal["max_entropy"] | None = Field(
+        default=None,
+        description="Choose the turns after each root has played: `max_entropy` forks at the `count` "
+        "turns (after the first) whose sampled tokens were least likely (highest mean -logprob, the "
+        "policy's entropy estimated from its own samples; needs recorded logprobs).",
+    )
+    count: int = Field(default=1, strict=True, ge=1, le=64, description="With `rule`: fork turns per root.")
+    continuations: int = Field(
+        default=2, strict=True, ge=1, le=64, description="K: new members started at each fork."
+    )
+
+    @model_validator(mode="after")
+    def _one_way(self) -> ForkPlan:
+        given = [n for n in ("at_turns", "every", "rule") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("fork: give exactly one of 'at_turns', 'every' or 'rule'")
+        if self.at_turns is not None:
+            if not self.at_turns:
+                raise ValueError("fork.at_turns: give at least one turn")
+            self.at_turns = sorted(set(self.at_turns))
+        return self
+
+    def fixed_turns(self, max_turns: int) -> list[int] | None:
+        """The fork turns known before playing (those a root of ``max_turns`` can reach), or None
+        when a rule chooses them after each root has played."""
+        if self.at_turns is not None:
+            return [t for t in self.at_turns if t < max_turns]
+        if self.every is not None:
+            return list(range(self.every, max_turns, self.every))
+        return None
+
+    def forks_per_root(self, max_turns: int) -> int:
+        fixed = self.fixed_turns(max_turns)
+        return len(fixed) if fixed is not None else min(self.count, max(0, max_turns - 1))
 
 
 class RolloutGroupRequest(RolloutPlan):
@@ -670,6 +758,13 @@ class RolloutGroupRequest(RolloutPlan):
             "record": {"logprobs": True},
             "safety": {"max_time_s": 600},
         },
+        {
+            "group_size": 4,
+            "env": {"env_name": "crafter", "seed": 123},
+            "policy": {"policy_name": "crafter-random", "config": {"seed": 0}},
+            "max_turns": 20,
+            "fork": {"every": 5, "continuations": 2},
+        },
     )
 
     group_id: RunId | None = Field(
@@ -684,6 +779,11 @@ class RolloutGroupRequest(RolloutPlan):
     vary_policy_seed: bool = Field(
         default=True, description="Give member i the policy config seed + i (when the policy has a seed)."
     )
+    fork: ForkPlan | None = Field(
+        default=None,
+        description="Fork each of the G roots mid-episode into continuations (a tree of rollouts; needs "
+        "`max_turns` and `on_done: terminate`). Members G and up are the continuations.",
+    )
 
     @model_validator(mode="after")
     def _sources(self) -> RolloutGroupRequest:
@@ -693,7 +793,21 @@ class RolloutGroupRequest(RolloutPlan):
             )
         if self.policy.policy_id is not None:
             raise ValueError("policy: a group needs 'policy_name' (each member gets its own instance)")
+        if self.fork is not None:
+            if self.max_turns is None or self.ops is not None:
+                raise ValueError("fork: a forking group takes 'max_turns', not 'ops'")
+            if self.on_done != "terminate":
+                raise ValueError("fork: a forking group plays one episode per member (on_done 'terminate')")
+            if self.fork.rule is not None and self.record.logprobs is False:
+                raise ValueError("fork.rule: max_entropy reads the sampled logprobs; keep record.logprobs on")
         return self
+
+    def tree_size(self) -> int:
+        """Members at most: the G roots and every continuation their forks may start."""
+        if self.fork is None or self.max_turns is None:
+            return self.group_size
+        per_root = self.fork.forks_per_root(self.max_turns) * self.fork.continuations
+        return self.group_size * (1 + per_root)
 
 
 class GroupMember(BaseModel):
@@ -706,10 +820,43 @@ class GroupMember(BaseModel):
     error: str | None = Field(default=None, description="Why it failed outright.")
 
 
+class ForkNode(BaseModel):
+    """One fork of a tree: a state of a root before its decision `turn`, and the members that
+    continued from it (the parent's own continuation is one more sample of that state)."""
+
+    parent_index: int = Field(description="The member whose state was copied.")
+    turn: int = Field(description="The decision index at which it was copied.")
+    children: list[int] = Field(description="The continuations' member indices.")
+    surprisal: float | None = Field(
+        default=None,
+        description="The parent's mean -logprob over the tokens it sampled at this turn (what the "
+        "`max_entropy` rule ranks by; null without recorded logprobs).",
+    )
+
+
+class GroupTree(BaseModel):
+    """The tree a forking group played: G roots from one start, forks and their continuations."""
+
+    roots: list[int] = Field(description="The root members' indices (0..G-1).")
+    forks: list[ForkNode] = Field(description="Every fork made, by parent and turn.")
+    turns_played: int = Field(description="Decisions played over all members (shared prefixes once).")
+    turns_shared: int = Field(
+        description="Decisions the continuations did not replay because they started from a copy."
+    )
+    continuations_not_started: int = Field(
+        description="Admitted continuations that never ran (their root ended before the fork turn)."
+    )
+    fork_s: float = Field(description="Seconds spent copying envs and policies for forks.")
+
+
 class GroupMetrics(BaseModel):
-    returns: list[float | None] = Field(description="Each member's mean return, in index order.")
-    mean_return: float | None = Field(description="Mean over members.")
-    std_return: float | None = Field(description="Population standard deviation over members.")
+    returns: list[float | None] = Field(
+        description="Each member's mean return, in index order (a continuation's: from its fork turn on)."
+    )
+    mean_return: float | None = Field(description="Mean over members (with `fork`: over the roots).")
+    std_return: float | None = Field(
+        description="Population standard deviation over members (with `fork`: over the roots)."
+    )
     completed: int = Field(description="Members with status `completed`.")
     failed: int = Field(description="Members with status `failed`.")
     wall_time_s: float = Field(description="Seconds for the whole group.")
@@ -720,9 +867,12 @@ class GroupMetrics(BaseModel):
 
 class RolloutGroupResponse(BaseModel):
     group_id: str = Field(description="The group's id.")
-    members: list[GroupMember] = Field(description="Always G members, in index order.")
+    members: list[GroupMember] = Field(
+        description="Always G members in index order; with `fork`, then the continuations that ran."
+    )
     metrics: GroupMetrics = Field(description="Returns across the group.")
     warnings: list[str] = Field(default_factory=list, description="The members' warnings, each once.")
+    tree: GroupTree | None = Field(default=None, description="With `fork`: the tree's shape.")
 
 
 class RunStarted(BaseModel):
@@ -919,6 +1069,9 @@ class BatchRolloutResult(BaseModel):
     score: float | None = Field(default=None, description="On the environment's own scale.")
     success: bool = Field(default=False, description="The task was solved.")
     rounds: int = Field(default=0, description="Agent turns used.")
+    invalid_rounds: int = Field(
+        default=0, description="Of them, replies the environment could not use (answered with feedback)."
+    )
     conversation: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages.")
     turns: list[TurnTokens] | None = Field(
         default=None, description="Per model call; null when the server returned no token ids."

@@ -74,6 +74,11 @@ class PolicyManager(LiveObjects[PolicyHandle]):
         handle.policy.observe_outcome(result)
 
     @staticmethod
+    def answer_invalid(handle: PolicyHandle, error: str, detail: str | None) -> str | None:
+        """The policy's decision could not be played: its feedback to go on, or None to end."""
+        return handle.policy.answer_invalid(error, detail)
+
+    @staticmethod
     def reset(handle: PolicyHandle) -> None:
         """The bound env started a new episode: the policy forgets the last one."""
         handle.policy.reset()
@@ -128,19 +133,46 @@ class PolicyManager(LiveObjects[PolicyHandle]):
     ) -> list[PolicyHandle]:
         """One copy of ``handle`` per entry of ``bound_env_ids``: all of them, or none."""
         self.registry.policies.reserve(len(bound_env_ids))
+        payload = await self.state_of(handle)
+        return await self.copies(handle, [payload] * len(bound_env_ids), bound_env_ids, parent_snapshot_id)
+
+    async def state_of(self, handle: PolicyHandle) -> bytes:
+        """The policy's state as it is now, to copy later with `copies`."""
         async with handle.lock:
             self._check_open(handle)
-            payload = self._state_payload(handle)
-        copies = [self._from_payload(payload, handle.policy_name) for _ in bound_env_ids]
+            return self._state_payload(handle)
+
+    @staticmethod
+    def with_seed(payload: bytes, offset: int) -> bytes:
+        """``payload`` with its config's sampling ``seed`` moved by ``offset`` (unchanged when the
+        policy has no seed): copies of one state that must sample differently."""
+        doc = json.loads(payload)
+        config = (doc.get("state") or {}).get("config")
+        if not offset or not isinstance(config, dict) or not isinstance(config.get("seed"), int):
+            return payload
+        config["seed"] += offset
+        return json.dumps(doc, separators=(",", ":")).encode()
+
+    async def copies(
+        self,
+        parent: PolicyHandle,
+        payloads: list[bytes],
+        bound_env_ids: list[str | None],
+        parent_snapshot_id: str | None = None,
+    ) -> list[PolicyHandle]:
+        """One policy per payload (`state_of` ``parent``, now or earlier), bound to the env of the
+        same index: all of them, or none."""
+        self.registry.policies.reserve(len(bound_env_ids))
+        copies = [self._from_payload(payload, parent.policy_name) for payload in payloads]
         kids: list[PolicyHandle] = []
         try:
             for policy, env_id in zip(copies, bound_env_ids, strict=True):
                 kids.append(
                     self._register(
                         policy,
-                        handle.rl_run_id,
+                        parent.rl_run_id,
                         bound_env_id=env_id,
-                        parent_policy_id=handle.id,
+                        parent_policy_id=parent.id,
                         parent_snapshot_id=parent_snapshot_id,
                     )
                 )

@@ -12,6 +12,7 @@ def chat_choice(
     tool_calls: list[dict[str, Any]],
     finish_reason: str,
     tool_choice: Any = None,
+    reasoning: str | None = None,
 ) -> dict[str, Any]:
     """One ``choices[i]`` without logprobs or token ids (the caller adds those when asked), laid
     out as vLLM 0.32 lays it out for the request's ``tool_choice``:
@@ -20,10 +21,11 @@ def chat_choice(
       ``tool_calls`` is always there; otherwise ``tool_calls`` appears only when a call was parsed;
     - ``finish_reason`` is ``"tool_calls"`` when an ``auto`` choice parsed calls, or a ``required``
       one stopped; a named choice keeps the sampler's reason (OpenAI's rule, which vLLM follows);
-    - reasoning split off the reply is ``message.reasoning`` (vLLM 0.32's name).
+    - ``reasoning``, the ``<think>`` text a reasoning parser split off the content, is
+      ``message.reasoning`` (vLLM 0.32's name).
     """
     named, required = isinstance(tool_choice, dict), tool_choice == "required"
-    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning": None}
+    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning": reasoning}
     if named or required:
         message["content"] = content or ""
         message["tool_calls"] = tool_calls

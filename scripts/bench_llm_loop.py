@@ -2,7 +2,7 @@
 
     python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
 
-Everything runs in this process on 127.0.0.1: `init-model` (a Qwen2 with a tokenizer trained on
+Everything runs in this process on 127.0.0.1: `init-model` (a Qwen3 with a tokenizer trained on
 the game's text) → the task app and `serve-model` → collect the scripted solver's traced
 rollouts (the game's own LLM agent with ``teacher: oracle``: the agent's exact prompts answered
 by the solver's action) → `export-sft` → SFT → GRPO against the task app → `eval` on held-out
@@ -102,6 +102,7 @@ def evaluate(app: ServerThread, game: Game, tasks: list[int], args: argparse.Nam
         "mean_score": statistics.fmean(scores),
         "score_std": statistics.pstdev(scores),
         "mean_turns": statistics.fmean(r.turns for r in results),
+        "invalid_turns": sum(r.invalid_turns for r in results),
         "success_by_level": {k: statistics.fmean(v) for k, v in sorted(by_level.items())},
         "unsolved_by_stop_reason": dict(failures),
     }
@@ -214,8 +215,9 @@ def main() -> None:
         vocab_size=2048,
         hidden_size=args.hidden,
         num_layers=args.layers,
-        num_heads=4,
+        num_heads=args.hidden // 32,
         num_kv_heads=2,
+        head_dim=32,
         intermediate_size=2 * args.hidden,
         max_positions=2048,
         seed=args.seed,

@@ -17,13 +17,17 @@ TINY = ModelSpec(
     vocab_size=512,
     hidden_size=32,
     num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=32,
     intermediate_size=64,
     max_positions=1024,
 )
 
 
-def make_tiny_model(path: Path, texts: list[str] | None = None, seed: int = 0) -> Path:
-    init_model(path, (texts or []) + CORPUS * 20, ModelSpec(**{**TINY.__dict__, "seed": seed}))
+def make_tiny_model(
+    path: Path, texts: list[str] | None = None, seed: int = 0, max_positions: int = TINY.max_positions
+) -> Path:
+    spec = ModelSpec(**{**TINY.__dict__, "seed": seed, "max_positions": max_positions})
+    init_model(path, (texts or []) + CORPUS * 20, spec)
     return path

@@ -185,3 +185,30 @@ async def test_state_round_trip_and_config(fake: FakeInferenceServer, client: In
         ToolsOnly.create({"prompt_format": "agentgym"}, policy.context)
     with pytest.raises(InvalidConfig):
         HouseAgent.create({"prompt_format": "xml"}, policy.context)
+
+
+async def test_a_think_block_is_reasoning_not_the_reply(fake: FakeInferenceServer) -> None:
+    """Qwen3 may open its reply with <think>...</think>; a server may split it off or leave it in
+    the content. Either way the action is read from the answer alone and replayed without it."""
+    from inference.calls import LLMCall
+    from inference.completions import chat_choice
+
+    policy = agent(fake, None, history_window=2)
+    replies = {
+        "left in the content": chat_choice(
+            0, "<think>\nAction: look\n</think>\n\nAction: go north", [], "stop"
+        ),
+        "split off by the server": chat_choice(0, "Action: go north", [], "stop", reasoning="Action: look"),
+    }
+    for how, choice in replies.items():
+        call = LLMCall(request={}, response={"choices": [choice]}, latency_ms=1.0, finish_reason="stop")
+        decision = policy._decide(observation("You are in the hall"), call, {})
+        assert decision.error is None, how
+        assert text_actions(decision.tool_calls) == ["go north"], how
+        assert decision.meta["reasoning_content"] == "Action: look", how
+        assert decision.meta["assistant_content"] == "Action: go north", how
+        policy.observe_outcome(outcome("You moved"))
+    messages = (await policy.step(observation("You are in the attic"), DRY_RUN)).meta["inference_request"]
+    assert [m["content"] for m in messages["messages"] if m["role"] == "assistant"][-2:] == [
+        "Action: go north"
+    ] * 2

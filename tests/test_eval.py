@@ -89,11 +89,20 @@ def test_eval_end_to_end_with_policy_errors(
     start_server: Callable[..., ServerThread], faulty_llm: FakeInferenceServer, tmp_path: Path
 ) -> None:
     server = start_server(vllm_base_url=faulty_llm.base_url)
-    # With one episode at a time the 3rd LLM call is episode 1's first: it calls no tool.
+    # With one episode at a time the 3rd LLM call is episode 1's first: it calls no tool. By
+    # default the reply is answered and the episode goes on (counted as an invalid turn).
     faulty_llm.set_config(FakeConfig(model=MODEL, fault_script=["ok", "ok", "no_tool_call"]))
     out = tmp_path / "eval.json"
     args = ["eval", "--base-url", server.base_url, "--model", MODEL, "--seeds", "1-4", "--max-turns", "2"]
     result = runner.invoke(app, [*args, "--concurrency", "1", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    s = json.loads(out.read_text())["aggregate"]
+    assert (s["completed"], s["failures"], s["invalid_turns"], s["avg_turns"]) == (4, {}, 1, 2.0)
+    # With on_invalid_reply "end" (a TOML config's policy_config) it ends the episode.
+    faulty_llm.set_config(FakeConfig(model=MODEL, fault_script=["ok", "ok", "no_tool_call"]))
+    toml = tmp_path / "eval.toml"
+    toml.write_text('[policy_config]\non_invalid_reply = "end"\n')
+    result = runner.invoke(app, [*args, "--concurrency", "1", "--json", str(out), "--config", str(toml)])
     assert result.exit_code == 0, result.output
     assert "completed / total" in result.output and "3 / 4" in result.output
     report = json.loads(out.read_text())
@@ -110,7 +119,7 @@ def test_eval_end_to_end_with_policy_errors(
     }
     assert [e["seed"] for e in report["episodes"]] == [1, 2, 3, 4]
     assert report["episodes"][1]["stop_reason"] == "policy_error:no_tool_call"
-    assert faulty_llm.stats()["requests"] == 7
+    assert faulty_llm.stats()["requests"] == 8 + 7
 
 
 def test_eval_from_a_toml_config_counts_http_failures(

@@ -133,7 +133,12 @@ def test_every_fault_ends_its_rollout_with_a_structured_reason_and_bounded_retri
     fakes["connection_refused"] = f"http://127.0.0.1:{closed_port()}"
     expected = {**EXPECTED, "connection_refused": EXPECTED["cut_stream"]}
     healthy = [f"healthy-{i}" for i in range(4)]
-    bodies = {f"fault-{kind}": rollout_body(f"fault-{kind}", react(url)) for kind, url in fakes.items()}
+    # A reply fault is answered by default (tests/test_invalid_replies.py); here it ends the rollout.
+    ending = {"no_tool_call": {"on_invalid_reply": "end"}, "invalid_action": {"on_invalid_reply": "end"}}
+    bodies = {
+        f"fault-{kind}": rollout_body(f"fault-{kind}", react(url, **ending.get(kind, {})))
+        for kind, url in fakes.items()
+    }
     bodies |= {run_id: rollout_body(run_id, react(fake_llm.base_url)) for run_id in healthy}
     group = {
         "group_id": "healthy-group",

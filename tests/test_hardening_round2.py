@@ -544,9 +544,9 @@ def test_deep_nesting_is_refused_where_it_enters(
     try:
         body = {"env": {"env_name": "crafter"}, "policy": react(f"{url}/deep_arguments"), "max_turns": 1}
         out = client.post("/rollout", json={**body, "record": {"return_trace": True}})
-        assert out.status_code == 200 and out.json()["stop_reason"] == "policy_error:invalid_tool_call", (
-            out.text
-        )
+        assert out.status_code == 200, out.text
+        (step,) = out.json()["trajectories"][0]["steps"]  # answered: the rollout went on to max_turns
+        assert step["decision_error"] == "invalid_tool_call" and len(step["feedback"]) < 2000, out.text
     finally:
         del MALFORMED["deep_arguments"]
 

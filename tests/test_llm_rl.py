@@ -47,6 +47,15 @@ def test_advantages_are_group_relative_and_every_decision_is_a_sample() -> None:
     assert s.prompt_ids == [1, 2, 3] and s.completion_ids == [7, 8] and s.old_logprobs == [-0.5, -0.25]
 
 
+def test_an_invalid_turn_is_a_sample_with_its_rollouts_advantage() -> None:
+    invalid = {**step(1), "decision_error": "no_action", "feedback": "Error: ..."}
+    groups = [{"members": [member("a.0", [1.0], [step(0), invalid]), member("a.1", [0.0], [step(0)])]}]
+    batch = build_batch(groups, CONFIG.model_copy(update={"format_penalty": 0.5, "max_turns": 2}), version=3)
+    assert batch.rewards == [0.75, 0.0]
+    assert [(s.run_id, s.turn) for s in batch.samples] == [("a.0", 0), ("a.0", 1), ("a.1", 0)]
+    assert batch.samples[0].advantage == batch.samples[1].advantage > 0
+
+
 def test_stale_untokenized_and_failed_are_dropped_and_counted() -> None:
     failed = {"run_id": "a.2", "status": "failed", "result": None, "error": "boom"}
     groups = [
@@ -74,6 +83,11 @@ def test_format_penalty_and_rewards_summed_over_episodes() -> None:
     steps = [{"turn": 0}, {"turn": 1}, {"turn": 2, "decision_error": "invalid_action"}]
     later = member("x", [0.25], steps, stop="policy_error:invalid_action")["result"]
     assert member_reward(later, 1.0, max_turns=4) == pytest.approx(0.25 - 0.5)
+    # Answered invalid turns cost their share; a short rollout without one loses nothing.
+    answered = member("x", [0.25], steps + [{"turn": 3, "decision_error": "no_action"}])["result"]
+    assert member_reward(answered, 1.0, max_turns=4) == pytest.approx(0.25 - 0.5)
+    short = member("x", [1.0], [{"turn": 0}], stop="episode_done")["result"]
+    assert member_reward(short, 1.0, max_turns=4) == 1.0
 
 
 def test_group_request_points_the_policy_at_the_model_server() -> None:
@@ -131,3 +145,84 @@ def test_a_task_app_that_keeps_failing_stops_the_run_with_a_checkpoint(tmp_path)
     assert (tmp_path / "rl" / "final" / "config.json").exists()
     assert result["weights_version_first"] == result["weights_version_last"] == 0
     assert engine.weights_version == "0"
+
+
+def tree_member(
+    index: int, rewards: dict[int, float], parent: int | None = None, fork_turn: int | None = None
+):
+    """A member of a forking group: its own turns (turn → reward) from ``fork_turn`` on."""
+    steps = [{**step(turn), "reward": r} for turn, r in rewards.items()]
+    result = {
+        "stop_reason": "episode_done",
+        "parent_index": parent,
+        "fork_turn": fork_turn,
+        "trajectories": [{"total_reward": sum(rewards.values()), "steps": steps}],
+    }
+    return {"run_id": f"t.{index}", "group_index": index, "status": "completed", "result": result}
+
+
+TREE = RLConfig(model="m", out="o", advantage="tree", fork={"at_turns": [1]}, scale_by_std=False)
+
+
+def test_tree_credit_gives_each_stretch_between_forks_its_own_advantage() -> None:
+    # Root 0 forks at turn 1 into members 2 and 3; root 1 never forks. Every root fails, so
+    # plain GRPO has no signal; member 3 succeeds from root 0's turn-1 state.
+    group = {
+        "members": [
+            tree_member(0, {0: 0.0, 1: 0.0, 2: 0.0}),
+            tree_member(1, {0: 0.0, 1: 0.0}),
+            tree_member(2, {1: 0.0, 2: 0.0}, parent=0, fork_turn=1),
+            tree_member(3, {1: 1.0}, parent=0, fork_turn=1),
+        ],
+        "tree": {"forks": [{"parent_index": 0, "turn": 1, "children": [2, 3]}]},
+    }
+    plain = build_batch([group], CONFIG, version=3)
+    assert plain.stats["groups_all_equal"] == 0  # group mode sees member 3's return of 1 too...
+    roots_only = {"members": group["members"][:2]}
+    # ...the roots alone have none.
+    assert build_batch([roots_only], CONFIG, version=3).stats["groups_all_equal"] == 1
+
+    batch = build_batch([group], TREE, version=3)
+    assert batch.rewards == [0.0, 0.0] and batch.group_ids == [0, 0]  # the roots' returns, logged
+    assert batch.stats["subgroups"] == 2 and batch.stats["subgroups_all_equal"] == 0
+    assert batch.stats["groups_all_equal"] == 0 and batch.stats["continuations"] == 2
+    adv = {(s.run_id, s.turn): s.advantage for s in batch.samples}
+    v_fork = 1 / 3  # the fork state: root 0's rest (0), member 2 (0), member 3 (1)
+    v_start = v_fork / 2  # root 0's first stretch reached the fork state, root 1 earned 0
+    assert adv[("t.0", 0)] == pytest.approx(v_fork - v_start)
+    assert adv[("t.1", 0)] == adv[("t.1", 1)] == pytest.approx(-v_start)
+    assert adv[("t.0", 1)] == adv[("t.0", 2)] == pytest.approx(-v_fork)
+    assert adv[("t.2", 1)] == pytest.approx(-v_fork) and adv[("t.3", 1)] == pytest.approx(1 - v_fork)
+    assert len(batch.samples) == 8  # every decision of every member: 3 + 2 + 2 + 1
+
+
+def test_tree_credit_counts_an_all_failed_tree_as_no_signal_and_penalises_the_last_stretch() -> None:
+    group = {
+        "members": [
+            tree_member(0, {0: 0.0, 1: 0.0}),
+            tree_member(1, {0: 0.0}),
+            tree_member(2, {1: 0.0}, parent=0, fork_turn=1),
+        ],
+        "tree": {"forks": [{"parent_index": 0, "turn": 1, "children": [2]}]},
+    }
+    batch = build_batch([group], TREE, version=3)
+    assert batch.stats["groups_all_equal"] == 1 and batch.stats["subgroups_all_equal"] == 2
+    assert batch.samples == [] and batch.stats["zero_advantage_samples"] == 4
+    # A continuation that broke the format at its second own turn loses on that stretch only.
+    group["members"][2]["result"]["stop_reason"] = "policy_error:no_tool_call"
+    broken = {**step(2), "reward": 0.0, "decision_error": "no_tool_call"}
+    group["members"][2]["result"]["trajectories"][0]["steps"].append(broken)
+    penalised = build_batch([group], TREE.model_copy(update={"format_penalty": 1.0, "max_turns": 4}), 3)
+    adv = {(s.run_id, s.turn): s.advantage for s in penalised.samples}
+    # acted: 1 copied turn + 1 own = 2 of 4, so it loses 0.5; the fork's value drops to -0.25.
+    assert adv[("t.2", 1)] == adv[("t.2", 2)] == pytest.approx(-0.25)
+    assert adv[("t.0", 1)] == pytest.approx(0.25)
+
+
+def test_the_tree_mode_needs_a_fork_plan_and_sends_it() -> None:
+    with pytest.raises(ValueError, match="needs a fork plan"):
+        RLConfig(model="m", advantage="tree")
+    with pytest.raises(ValueError, match='set advantage = "tree"'):
+        RLConfig(model="m", fork={"every": 2})
+    body = group_request(TREE, seed=1, served_model="tiny", step=0, index=0, version=0)
+    assert body["fork"] == {"at_turns": [1]} and "fork" not in group_request(CONFIG, 1, "tiny", 0, 0, 0)

@@ -63,8 +63,58 @@ def test_loss_is_on_assistant_tokens_only(setup) -> None:
     assert len(examples) == 12 and skipped == {"no_assistant_tokens": 1, "invalid: JSONDecodeError": 1}
     first = examples[0]
     trained = tokenizer.decode([t for t, m in zip(first.input_ids, first.assistant_mask, strict=True) if m])
-    assert trained == '<tool_call>{"name": "act", "arguments": {"action": "left"}}</tool_call><|im_end|>'
+    # Qwen3's template gives the reply its (empty) <think> block: what the model emits at inference.
+    call = '<tool_call>\n{"name": "act", "arguments": {"action": "left"}}\n</tool_call>'
+    assert trained == f"<think>\n\n</think>\n\n{call}<|im_end|>"
     assert load_examples(data, tokenizer, max_length=20)[1]["too_long"] == 12
+
+
+# A ChatML template with {% generation %} markers: transformers computes its assistant mask itself.
+MARKED_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' %}{% generation %}{{ m.content }}<|im_end|>{% endgeneration %}"
+    "{% else %}{{ m.content }}<|im_end|>{% endif %}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+DIALOGUE = [
+    {"role": "user", "content": "Go to the key."},
+    {"role": "assistant", "content": "OK."},
+    {"role": "user", "content": "A key is 2 steps ahead."},
+    {"role": "assistant", "content": "Action: go forward", "reasoning_content": "The key is ahead."},
+]
+
+
+def masked_text(tokenizer, ids: list[int], mask: list[int]) -> list[str]:
+    """The masked spans, decoded."""
+    spans, current = [], []
+    for token, bit in zip(ids, mask, strict=True):
+        if bit:
+            current.append(token)
+        elif current:
+            spans, current = [*spans, tokenizer.decode(current)], []
+    return spans + ([tokenizer.decode(current)] if current else [])
+
+
+def test_assistant_mask_by_prefix_rendering_fits_both_templates(setup) -> None:
+    """Qwen3's own template has no {% generation %} markers: the mask comes from rendering the
+    turns before each reply. It equals transformers' mask on a marked template, and with Qwen3's
+    the last reply carries its reasoning in <think> while earlier ones carry none (as rendered)."""
+    from training.llm.sft import assistant_mask
+
+    model_dir, _ = setup
+    _, tokenizer = load(model_dir)
+    ids, mask = assistant_mask(tokenizer, DIALOGUE)
+    assert masked_text(tokenizer, ids, mask) == [
+        "OK.<|im_end|>",
+        "<think>\nThe key is ahead.\n</think>\n\nAction: go forward<|im_end|>",
+    ]
+    tokenizer.chat_template = MARKED_TEMPLATE
+    ids, mask = assistant_mask(tokenizer, DIALOGUE)
+    marked = tokenizer.apply_chat_template(
+        DIALOGUE, tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
+    assert ids == list(marked["input_ids"]) and mask == list(marked["assistant_masks"])
+    assert masked_text(tokenizer, ids, mask) == ["OK.<|im_end|>", "Action: go forward<|im_end|>"]
 
 
 def test_sft_learns_checkpoints_and_resumes_exactly(setup, tmp_path: Path) -> None:

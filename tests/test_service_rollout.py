@@ -84,19 +84,51 @@ def test_policy_failures_are_recorded_not_raised(start_server, tmp_path) -> None
     with FakeInferenceServer(FakeConfig(model=MODEL, fault_script=["ok", "no_tool_call"])) as fake:
         server = start_server(vllm_base_url=fake.base_url)
         with httpx.Client(base_url=server.base_url, timeout=60) as c:
-            out = rollout(
-                c, env={"env_name": "crafter"}, policy={"policy_name": "crafter-react"}, max_turns=5
-            )
+            ending = {"policy_name": "crafter-react", "config": {"on_invalid_reply": "end"}}
+            out = rollout(c, env={"env_name": "crafter"}, policy=ending, max_turns=5)
             assert out["stop_reason"] == "policy_error:no_tool_call"
             steps = out["trajectories"][0]["steps"]
             assert steps[-1]["decision_error"] == "no_tool_call" and len(steps) == 2
+            assert steps[-1]["feedback"] is None and out["metrics"]["invalid_decisions"] == 1
 
             fake.set_config(FakeConfig(model=MODEL, fault_script=["invalid_action"]))
-            out = rollout(
-                c, env={"env_name": "crafter"}, policy={"policy_name": "crafter-react"}, max_turns=5
-            )
+            out = rollout(c, env={"env_name": "crafter"}, policy=ending, max_turns=5)
             assert out["stop_reason"] == "policy_error:invalid_action"
             assert "fly" in (out["trajectories"][0]["steps"][0]["decision_error_detail"] or "")
+
+
+def test_invalid_replies_are_answered_and_the_episode_goes_on(start_server) -> None:
+    script = ["ok", "no_tool_call", "invalid_action", "ok"]
+    with FakeInferenceServer(FakeConfig(model=MODEL, fault_script=script)) as fake:
+        server = start_server(vllm_base_url=fake.base_url)
+        with httpx.Client(base_url=server.base_url, timeout=60) as c:
+            out = rollout(
+                c,
+                env={"env_name": "crafter", "seed": 3},
+                policy={"policy_name": "crafter-react"},
+                max_turns=4,
+                record={"logprobs": True, "return_trace": True},
+            )
+    assert out["stop_reason"] == "completed" and out["metrics"]["invalid_decisions"] == 2
+    steps = out["trajectories"][0]["steps"]
+    assert [s["decision_error"] for s in steps] == [None, "no_tool_call", "invalid_action", None]
+    first, no_call, bad, last = steps
+    # An invalid turn takes no env step, earns nothing, and keeps the sampler's tokens.
+    assert no_call["actions"] == [] and no_call["reward"] == 0.0 and bad["actions"] == []
+    assert no_call["step_idx"] == 0 and bad["llm"]["completion_token_ids"]
+    assert last["observation"]["step_idx"] == first["step_idx"]  # the env did not move meanwhile
+    assert (
+        no_call["feedback"].startswith("Error: you called no tool") and "interact_many" in no_call["feedback"]
+    )
+    assert "'fly'" in bad["feedback"]
+    # The model is told: the next prompts carry the feedback (in a user message after a reply
+    # without calls, in the tool message answering an invalid call).
+    turns = out["trace"]["turns"]
+    assert turns[2]["messages"][-1] == {"role": "user", "content": no_call["feedback"]}
+    assert (
+        turns[3]["messages"][-1]["role"] == "tool" and turns[3]["messages"][-1]["content"] == bad["feedback"]
+    )
+    assert turns[1]["feedback"] == no_call["feedback"]
 
 
 def test_time_limit_and_abort(start_server) -> None:
@@ -175,7 +207,7 @@ def test_group_from_snapshot_and_failed_member(start_server) -> None:
                 json={
                     "group_size": 3,
                     "env": {"snapshot_id": snap},
-                    "policy": {"policy_name": "crafter-react"},
+                    "policy": {"policy_name": "crafter-react", "config": {"on_invalid_reply": "end"}},
                     "max_turns": 2,
                 },
             ).json()

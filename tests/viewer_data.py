@@ -59,7 +59,8 @@ def record_real_db(
         )
         llm.set_config(FakeConfig(model=MODEL, fault_script=["ok", "ok", "ok", "no_tool_call"]))
         env = {"env_name": "crafter", "seed": 4}
-        app.rollout(run_id="viewer-policy-error", env=env, policy=react, max_turns=llm_turns)
+        ending = {**react, "config": {**react["config"], "on_invalid_reply": "end"}}
+        app.rollout(run_id="viewer-policy-error", env=env, policy=ending, max_turns=llm_turns)
     return {
         "group_id": "viewer-group",
         "llm_runs": ["viewer-llm-1", "viewer-llm-2"],

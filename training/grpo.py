@@ -5,6 +5,12 @@ each gets one scalar reward, and a rollout's advantage is its reward relative to
 ``(R - mean) / std``. Every action (or token) of a rollout shares that advantage in a clipped
 importance-ratio objective (PPO's), optionally with a KL penalty to a frozen reference policy.
 
+Per-turn credit (`tree_advantages`): when the rollouts of a group fork mid-episode (several
+continuations played from an exact copy of one state), each fork state gets a Monte-Carlo value,
+the mean return of the samples played from it, and each stretch of turns between two forks gets
+its own advantage, ``reward of the stretch + V(state it reached) - V(state it left)``, relative to
+its siblings (the group's roots are siblings of the start state, as in GRPO).
+
 Shapes: ``logprobs`` is anything per action/token (``[N]`` actions or ``[B, T]`` tokens) with a
 ``mask`` of the same shape (1 = counts, 0 = padding or prompt); ``advantages`` is the same shape,
 or one value per row (``[B]``), broadcast over the row.
@@ -12,6 +18,8 @@ or one value per row (``[B]``), broadcast over the row.
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -73,6 +81,79 @@ def group_advantages(
     adv = centered / std[index].clamp(min=eps) if scale_by_std else centered
     adv = torch.where(degenerate[index], torch.zeros_like(adv), adv)
     return GroupAdvantages(adv.reshape(shape), n_groups, int(degenerate.sum()))
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One sample of a tree: turns played from the state ``node`` until the next fork on the
+    same path (``next``, a node of its own) or the end of the episode (``next=None``)."""
+
+    node: Hashable
+    reward: float
+    """The rewards of this branch's own turns, summed."""
+    next: Hashable | None = None
+
+
+@dataclass(frozen=True)
+class TreeAdvantages:
+    advantages: list[float]
+    """Per branch, in input order: ``(Q - V(node)) / std`` over the node's branches (0 at a
+    degenerate node), or ``Q - V(node)`` without ``scale_by_std``."""
+    q: list[float]
+    """Per branch: its reward plus the value of the node it reached (0 at the episode's end)."""
+    values: dict[Hashable, float]
+    """Per node: the mean ``q`` of its branches, the Monte-Carlo value of that state."""
+    nodes: int
+    degenerate_nodes: int
+    """Nodes whose branches' ``q`` were all equal (or that had one branch): no signal there."""
+
+
+def tree_advantages(
+    branches: Sequence[Branch], *, scale_by_std: bool = True, eps: float = 1e-6
+) -> TreeAdvantages:
+    """Per-turn advantages from a tree of rollouts (every turn of a branch shares its branch's).
+
+    ``V(node) = mean(q of its branches)`` and ``q = reward + V(next)``, computed from the leaves
+    up. Siblings are normalised like a GRPO group (sample std, Bessel-corrected), so a tree
+    whose only node is the start state, with branches that run to the end, gives exactly
+    `group_advantages`. Raises ``ValueError`` for a ``next`` that has no branches, a cycle, or a
+    non-finite reward.
+    """
+    by_node: dict[Hashable, list[int]] = {}
+    for i, b in enumerate(branches):
+        if not isinstance(b.reward, int | float) or b.reward != b.reward or abs(b.reward) == float("inf"):
+            raise ValueError(f"branch {i}: reward must be finite, got {b.reward!r}")
+        by_node.setdefault(b.node, []).append(i)
+    values: dict[Hashable, float] = {}
+    q: list[float | None] = [None] * len(branches)
+
+    def value(node: Hashable, path: tuple[Hashable, ...]) -> float:
+        if node in values:
+            return values[node]
+        if node in path:
+            raise ValueError(f"the tree has a cycle through node {node!r}")
+        if node not in by_node:
+            raise ValueError(f"node {node!r} is reached by a branch but has no branches of its own")
+        for i in by_node[node]:
+            b = branches[i]
+            q[i] = b.reward + (value(b.next, (*path, node)) if b.next is not None else 0.0)
+        values[node] = statistics.fmean(q[i] for i in by_node[node])  # type: ignore[misc]
+        return values[node]
+
+    for node in by_node:
+        value(node, ())
+    advantages = [0.0] * len(branches)
+    degenerate = 0
+    for node, members in by_node.items():
+        qs = [q[i] for i in members]
+        std = statistics.stdev(qs) if len(qs) > 1 else 0.0  # type: ignore[type-var]
+        if len(qs) < 2 or std < eps:
+            degenerate += 1
+            continue
+        for i in members:
+            centered = q[i] - values[node]  # type: ignore[operator]
+            advantages[i] = centered / std if scale_by_std else centered
+    return TreeAdvantages(advantages, [float(x) for x in q], values, len(by_node), degenerate)  # type: ignore[arg-type]
 
 
 def logprobs_of(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:

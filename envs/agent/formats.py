@@ -16,6 +16,11 @@ Two formats, selected by the agent config's ``prompt_format``:
 Parsing never raises: a reply the environment cannot use is a `ParsedReply` with an error
 kind (``no_tool_call``, ``invalid_tool_call``, ``invalid_action``, ``no_action``,
 ``multiple_actions``) and a detail, and the calls as the model wrote them.
+
+An invalid turn stays in the conversation as the model wrote it, and the model is told what was
+wrong (`invalid_reply_feedback`), as AgentGym's client does: the feedback answers the invalid
+tool calls (``tool_calls`` format, when the reply had calls) or opens the next user message; the
+unchanged observation is not repeated while the invalid turn is in the window.
 """
 
 from __future__ import annotations
@@ -36,6 +41,16 @@ TEXT_ACTION_TOOL = "act"
 # AgentGym's clients read the action with this pattern (the rest of the line after "Action:").
 ACTION_LINE = re.compile(r"Action:\s*(.*?)(?=\n|$)", re.DOTALL)
 
+# The kinds of a reply the environment cannot use (the model's mistakes, not the server's).
+REPLY_ERRORS = frozenset(
+    {"no_tool_call", "invalid_tool_call", "invalid_action", "no_action", "multiple_actions"}
+)
+# AgentGym's client answers a reply with several ``Action:`` lines with exactly this.
+NO_ACTION_FEEDBACK = (
+    "Error: your reply has no 'Action: ...' line. End it with one line 'Action: <your action>'."
+)
+MULTIPLE_ACTIONS_FEEDBACK = "Error: Only one 'Action' is allowed per response. Please adjust your response."
+
 # An environment's check of one canonical tool call: ``(error kind, detail)``, or None if usable.
 CallCheck = Callable[[dict[str, Any]], "tuple[str, str] | None"]
 
@@ -49,6 +64,7 @@ class Turn(BaseModel):
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
     reply: str | None = None  # the reply text, replayed verbatim by the agentgym format
     result: str = ""  # the environment's answer, replayed as tool messages by the tool_calls format
+    error: str | None = None  # an invalid turn's kind; ``result`` is then the feedback the model got
 
     @model_validator(mode="before")
     @classmethod
@@ -74,27 +90,76 @@ def _first_error(problems: list[tuple[str, str]]) -> tuple[str | None, str | Non
     return ("invalid_action" if "invalid_action" in kinds else kinds[0]), "; ".join(d for _, d in problems)
 
 
+def invalid_reply_feedback(kind: str, detail: str | None, tools: list[str]) -> str:
+    """What the model is told about its invalid reply, in the next prompt."""
+    if kind == "multiple_actions":
+        return MULTIPLE_ACTIONS_FEEDBACK
+    if kind == "no_action":
+        return NO_ACTION_FEEDBACK
+    if kind == "no_tool_call":
+        return f"Error: you called no tool. Reply by calling {' or '.join(tools) or 'a tool'}."
+    return f"Error: {(detail or kind)[:500]}. Please adjust your response."
+
+
+def _user_message(previous: Turn | None, observation: str, answered_by_tools: bool) -> dict[str, Any] | None:
+    """The user message before a reply: the observation, led by the feedback on an invalid
+    previous turn (unless its tool messages carried it); an observation the invalid turn already
+    showed is not repeated. None when there is nothing new to say."""
+    if previous is None or previous.error is None:
+        return {"role": "user", "content": observation}
+    parts = [] if answered_by_tools else [previous.result]
+    if observation != previous.observation:
+        parts.append(observation)
+    return {"role": "user", "content": "\n\n".join(parts)} if parts else None
+
+
+def _conversation(
+    head: list[dict[str, Any]],
+    history: Iterable[Turn],
+    observation: str,
+    reply: Callable[[Turn], list[dict[str, Any]]],
+    answered_by_tools: Callable[[Turn], bool],
+) -> list[dict[str, Any]]:
+    messages = list(head)
+    previous: Turn | None = None
+    for turn in history:
+        user = _user_message(previous, turn.observation, previous is not None and answered_by_tools(previous))
+        if user is not None:
+            messages.append(user)
+        messages.extend(reply(turn))
+        previous = turn
+    user = _user_message(previous, observation, previous is not None and answered_by_tools(previous))
+    if user is not None:
+        messages.append(user)
+    return messages
+
+
 class ToolCallFormat:
     name: ClassVar[PromptFormatName] = "tool_calls"
 
     @staticmethod
-    def messages(system: str, history: Iterable[Turn], observation: str) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = [{"role": "system", "content": system}]
-        for turn in history:
-            messages.append({"role": "user", "content": turn.observation})
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [wire_tool_call(c) for c in turn.tool_calls],
-                }
-            )
-            last = len(turn.tool_calls) - 1
-            for i, call in enumerate(turn.tool_calls):
-                content = turn.result if i == last else "Done; the last call's result follows."
-                messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
-        messages.append({"role": "user", "content": observation})
+    def _reply(turn: Turn) -> list[dict[str, Any]]:
+        if not turn.tool_calls:  # an invalid reply without calls, as written
+            return [{"role": "assistant", "content": turn.reply or ""}]
+        messages: list[dict[str, Any]] = [
+            {
+                "role": "assistant",
+                "content": turn.reply if turn.error else None,
+                "tool_calls": [wire_tool_call(c) for c in turn.tool_calls],
+            }
+        ]
+        last = len(turn.tool_calls) - 1
+        for i, call in enumerate(turn.tool_calls):
+            content = turn.result if i == last else "Done; the last call's result follows."
+            if turn.error and i != last:
+                content = "Not executed; see the last call's result."
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": content})
         return messages
+
+    @staticmethod
+    def messages(system: str, history: Iterable[Turn], observation: str) -> list[dict[str, Any]]:
+        head = [{"role": "system", "content": system}]
+        return _conversation(head, history, observation, ToolCallFormat._reply, lambda t: bool(t.tool_calls))
 
     @staticmethod
     def request_fields(tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -129,15 +194,14 @@ class AgentGymFormat:
 
     @staticmethod
     def messages(instruction: str, history: Iterable[Turn], observation: str) -> list[dict[str, Any]]:
-        messages: list[dict[str, Any]] = [
-            {"role": "user", "content": instruction},
-            {"role": "assistant", "content": AGENTGYM_ACK},
-        ]
-        for turn in history:
-            messages.append({"role": "user", "content": turn.observation})
-            messages.append({"role": "assistant", "content": turn.reply or ""})
-        messages.append({"role": "user", "content": observation})
-        return messages
+        head = [{"role": "user", "content": instruction}, {"role": "assistant", "content": AGENTGYM_ACK}]
+        return _conversation(
+            head,
+            history,
+            observation,
+            lambda turn: [{"role": "assistant", "content": turn.reply or ""}],
+            lambda turn: False,
+        )
 
     @staticmethod
     def parse(reply: str, clean: Callable[[str], str], check: CallCheck, call_id: str) -> ParsedReply:

@@ -10,6 +10,11 @@ small hooks (the way verifiers' ``MultiTurnEnv`` does):
 - ``observation_text(observation)``: how an observation reads as text;
 - ``outcome_text(tool_calls, result)``: how the environment's answer to a tool call reads.
 
+A reply the environment cannot use (no action line, no tool call, an invalid action) is answered,
+not fatal, by default (``on_invalid_reply: "answer"``): the turn stays in the conversation, the
+next prompt tells the model what was wrong, and the rollout goes on; ``"end"`` ends the episode
+with ``policy_error:<kind>`` instead.
+
 The agent owns the rest: the bounded history of turns, the messages in the selected prompt
 format, the inference call (client pool, model discovery, retries, deadlines), token ids
 and logprobs (exactly as the server returned them), failures as ``PolicyDecision.error``
@@ -28,12 +33,14 @@ from typing import Any, ClassVar, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from envs.agent.formats import (
+    REPLY_ERRORS,
     TEXT_ACTION_TOOL,
     AgentGymFormat,
     ParsedReply,
     PromptFormatName,
     ToolCallFormat,
     Turn,
+    invalid_reply_feedback,
 )
 from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, StepResult
 from envs.errors import InvalidConfig, InvalidState
@@ -41,6 +48,7 @@ from inference import openai_client
 from inference.calls import LLMCall
 from inference.completions import chat_choice
 from inference.errors import InferenceError
+from inference.reasoning import reply_reasoning
 from inference.tool_calls import wire_tool_call
 
 STATE_VERSION = 1
@@ -73,6 +81,13 @@ class LLMAgentConfig(PluginConfig):
     timeout_s: float | None = Field(default=None, gt=0, description="Per attempt; default: service's.")
     system_prompt: str | None = Field(default=None, max_length=20_000, description="Replaces the env's.")
     extra_body: dict[str, Any] = Field(default_factory=dict)
+    on_invalid_reply: Literal["answer", "end"] = Field(
+        default="answer",
+        description="A reply the environment cannot use (no 'Action:' line, several, no tool call, an "
+        "invalid tool call or action): 'answer' records the turn as invalid (no env step, reward 0), "
+        "tells the model what was wrong in the next prompt and goes on, as AgentGym's environments "
+        "do; 'end' ends the episode with stop_reason 'policy_error:<kind>'.",
+    )
     teacher: Literal["oracle"] | None = Field(
         default=None,
         description="'oracle': call no model; each reply is the environment's `oracle_action` (env "
@@ -334,29 +349,44 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             finish_reason=call.finish_reason,
             model=call.model or self.model,
         )
-        if message.get("content"):
-            meta["assistant_content"] = message["content"]
-        # vLLM 0.32 names it `reasoning`; earlier vLLM and other servers `reasoning_content`.
-        reasoning = message.get("reasoning") or message.get("reasoning_content")
+        # A <think> block is reasoning wherever the server left it: the reply is parsed and
+        # replayed without it (Qwen3's template drops past reasoning too).
+        reasoning, content = reply_reasoning(message)
+        message = {**message, "content": content}
+        if content:
+            meta["assistant_content"] = content
         if reasoning:
             meta["reasoning_content"] = reasoning
 
         reply = self.parse_reply(message, call.finish_reason)
-        if reply.error is None:
-            self._pending = Turn(
-                observation=self.observation_text(observation),
-                tool_calls=reply.tool_calls,
-                reply=meta.get("assistant_content") if self.prompt_format == "agentgym" else None,
-            )
+        keep_text = self.prompt_format == "agentgym" or reply.error is not None
+        self._pending = Turn(
+            observation=self.observation_text(observation),
+            tool_calls=reply.tool_calls,
+            reply=meta.get("assistant_content") if keep_text else None,
+            error=reply.error,
+        )
         return PolicyDecision(
             reply.tool_calls, meta, llm_call=call, error=reply.error, error_detail=reply.detail
         )
 
     # ---- history ---------------------------------------------------------------------------
 
+    def answer_invalid(self, error: str, detail: str | None) -> str | None:
+        """The last reply could not be played (parsed so, or the env refused it): keep the turn
+        with the feedback for the next prompt and return the feedback; None ends the episode
+        (``on_invalid_reply: "end"``, or a failure that is not the model's reply)."""
+        pending, self._pending = self._pending, None
+        if pending is None or error not in REPLY_ERRORS or self.config.on_invalid_reply == "end":
+            return None
+        tools = [t["function"]["name"] for t in self.tools()]
+        feedback = invalid_reply_feedback(error, detail, tools)
+        self.history.append(pending.model_copy(update={"error": error, "result": feedback}))
+        return feedback
+
     def observe_outcome(self, result: StepResult) -> None:
         pending, self._pending = self._pending, None
-        if pending is not None:
+        if pending is not None and pending.error is None:
             outcome = (
                 self.outcome_text(pending.tool_calls, result) if self.prompt_format == "tool_calls" else ""
             )

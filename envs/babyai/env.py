@@ -46,6 +46,7 @@ class BabyAIEnv(TextGameEnv[BabyAIConfig]):
     name = "babyai"
     version = "1"
     config_model = BabyAIConfig
+    action_help = 'One BabyAI action from the available actions, e.g. "go to red ball 1" or "turn left".'
     description = (
         "BabyAI (AgentGym, minigrid 3.2.0): 40 grid-world levels with high-level text actions "
         "(or primitive actions 0-6); seed = AgentGym's data_idx; score = AgentGym's cumulative reward."

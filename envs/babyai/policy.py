@@ -10,5 +10,4 @@ from envs.text_agent import TextGameAgent
 @register_policy
 class BabyAIAgent(TextGameAgent, game="babyai", title="BabyAI"):
     instruction = INSTRUCTION
-    action_help = 'One BabyAI action from the available actions, e.g. "go to red ball 1" or "turn left".'
     clean_symbols = True

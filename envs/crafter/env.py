@@ -19,7 +19,7 @@ from pydantic import Field, ValidationError
 
 from envs.base import Environment, EpisodeOutcome, Frame, PluginConfig, StepResult, register_environment
 from envs.crafter import state
-from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, action_index, actions_from_tool_calls
+from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, TOOL_SCHEMA, action_index, actions_from_tool_calls
 from envs.crafter.observation import build_observation
 from envs.crafter.sim import DeterministicCrafter
 from envs.crafter.worlds import WorldCache, default_world_cache
@@ -130,6 +130,10 @@ class CrafterEnv(Environment[CrafterConfig]):
 
     def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
         return list(actions_from_tool_calls(tool_calls))
+
+    @classmethod
+    def tools(cls) -> list[dict[str, Any]]:
+        return [TOOL_SCHEMA]
 
     @property
     def step_idx(self) -> int:

@@ -44,6 +44,9 @@ class SciWorldEnv(TextGameEnv[SciWorldConfig]):
     name = "sciworld"
     version = "1"
     config_model = SciWorldConfig
+    action_help = (
+        'One ScienceWorld command, e.g. "open door to kitchen" or "focus on substance in metal pot".'
+    )
     description = (
         "SciWorld (AgentGym, ScienceWorld 1.2.3): 4,639 science tasks (task × variation) in a text "
         "simulator; seed = AgentGym's data_idx; score -100..100."

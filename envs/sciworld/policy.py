@@ -10,7 +10,4 @@ from envs.text_agent import TextGameAgent
 @register_policy
 class SciWorldAgent(TextGameAgent, game="sciworld", title="SciWorld"):
     instruction = INSTRUCTION
-    action_help = (
-        'One ScienceWorld command, e.g. "open door to kitchen" or "focus on substance in metal pot".'
-    )
     clean_symbols = False

@@ -41,6 +41,7 @@ class TextCraftEnv(TextGameEnv[TextCraftConfig]):
     name = "textcraft"
     version = "1"
     config_model = TextCraftConfig
+    action_help = 'One TextCraft command: "get N item", "craft N item using N item, ...", or "inventory".'
     description = (
         "TextCraft (AgentGym): craft a Minecraft item from given recipes with get/craft/inventory; "
         "seed = AgentGym's data_idx; reward 1 on success."

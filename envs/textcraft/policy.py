@@ -10,5 +10,4 @@ from envs.textcraft.prompt import INSTRUCTION
 @register_policy
 class TextCraftAgent(TextGameAgent, game="textcraft", title="TextCraft"):
     instruction = INSTRUCTION
-    action_help = 'One TextCraft command: "get N item", "craft N item using N item, ...", or "inventory".'
     clean_symbols = True

@@ -1,4 +1,4 @@
-"""``grpo-service init-model`` and ``grpo-service serve-model``: a small causal LM made here, and
+"""``grpo-service init-model`` and ``grpo-service serve-model``: a small Qwen3 made here, and
 a CPU model server in vLLM's shape for it (or for any local transformers checkpoint)."""
 
 from __future__ import annotations
@@ -35,15 +35,19 @@ def init_model_command(
     layers: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_layers,
     heads: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_heads,
     kv_heads: Annotated[int, typer.Option(min=1)] = DEFAULT_SPEC.num_kv_heads,
+    head_dim: Annotated[
+        int, typer.Option(min=8, help="Attention head size (vLLM's CPU kernels take 32, 64, 80, 96, 128...).")
+    ] = DEFAULT_SPEC.head_dim,
     intermediate_size: Annotated[int, typer.Option(min=16)] = DEFAULT_SPEC.intermediate_size,
     max_positions: Annotated[int, typer.Option(min=64, help="Context length.")] = DEFAULT_SPEC.max_positions,
     seed: Annotated[int, typer.Option(min=0, help="Initialization seed.")] = DEFAULT_SPEC.seed,
 ) -> None:
-    """Make a small Qwen2 model here: a tokenizer trained on the environments' text, random weights."""
+    """Make a small Qwen3 here: a tokenizer trained on the environments' text carrying Qwen3's own
+    chat template, and random weights."""
     from training.llm.model import environment_corpus, init_model, jsonl_corpus
 
-    if hidden_size % heads or heads % kv_heads:
-        raise typer.BadParameter("hidden-size must divide by heads, and heads by kv-heads")
+    if heads % kv_heads:
+        raise typer.BadParameter("heads must divide by kv-heads")
     texts = list(environment_corpus(seeds=corpus_seeds, env_names=env))
     if corpus:
         texts.extend(jsonl_corpus(corpus))
@@ -53,6 +57,7 @@ def init_model_command(
         num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
+        head_dim=head_dim,
         intermediate_size=intermediate_size,
         max_positions=max_positions,
         seed=seed,

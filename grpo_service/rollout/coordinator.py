@@ -34,6 +34,8 @@ from grpo_service.models import (
 from grpo_service.policies import PolicyManager, check_plays
 from grpo_service.registry import EnvHandle, Registry, RunHandle, new_instance_id
 from grpo_service.rollout.episode import EpisodeLoop, unshared
+from grpo_service.rollout.forks import ForkingGroup, admit_tree, check_forkable
+from grpo_service.rollout.membership import Membership
 from grpo_service.rollout.records import final_record, metrics, trajectory, untrainable_warning
 from grpo_service.rollout.runs import RunBook, error_message
 from grpo_service.tracing.traces import RolloutTrace, TraceSink
@@ -86,16 +88,10 @@ class RolloutCoordinator:
         )
 
     async def _run_registered(
-        self,
-        run: RunHandle,
-        req: RolloutRequest,
-        *,
-        adopt_env: EnvHandle | None = None,
-        group_id: str | None = None,
-        group_index: int | None = None,
+        self, run: RunHandle, req: RolloutRequest, member: Membership | None = None
     ) -> RolloutResponse:
         try:
-            response = await self._execute(run, req, adopt_env, group_id, group_index)
+            response = await self._execute(run, req, member)
         except BaseException as exc:
             self.runs.fail(run, exc)
             raise
@@ -112,19 +108,15 @@ class RolloutCoordinator:
         return await self.envs.create(spec.env_name, spec.config, spec.seed, rl_run_id), True
 
     async def _execute(
-        self,
-        run: RunHandle,
-        req: RolloutRequest,
-        adopt_env: EnvHandle | None,
-        group_id: str | None,
-        group_index: int | None,
+        self, run: RunHandle, req: RolloutRequest, member: Membership | None
     ) -> RolloutResponse:
         started_wall, started = time.time(), time.monotonic()
-        if adopt_env is None and req.policy.policy_name and req.env.env_name:
+        if member is None and req.policy.policy_name and req.env.env_name:
             check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
         env, owns_env = (
-            (adopt_env, True) if adopt_env is not None else await self._resolve_env(req.env, req.rl_run_id)
+            (member.env, True) if member is not None else await self._resolve_env(req.env, req.rl_run_id)
         )
+        own_deadline = started + req.safety.max_time_s
         loop = EpisodeLoop(
             run,
             req,
@@ -133,13 +125,16 @@ class RolloutCoordinator:
             self.envs,
             self.policies,
             llm_timeout_s=req.safety.llm_timeout_s or self.settings.inference_timeout_s,
-            deadline=started + req.safety.max_time_s,
+            deadline=min(own_deadline, member.deadline) if member and member.deadline else own_deadline,
+            policy=member.policy if member else None,
+            first_turn=(member.fork_turn or 0) if member else 0,
+            before_decision=member.before_decision if member else None,
         )
         try:
             await loop.play()
         finally:
             await loop.close()
-        response = self._response(loop, group_id, group_index, time.monotonic() - started)
+        response = self._response(loop, member, time.monotonic() - started)
         policy = loop.policy
         trace = RolloutTrace(
             request=req,
@@ -160,9 +155,7 @@ class RolloutCoordinator:
         return response
 
     @staticmethod
-    def _response(
-        loop: EpisodeLoop, group_id: str | None, group_index: int | None, wall_s: float
-    ) -> RolloutResponse:
+    def _response(loop: EpisodeLoop, member: Membership | None, wall_s: float) -> RolloutResponse:
         env, policy, episodes, stop_reason = loop.env, loop.policy, loop.episodes, loop.stop_reason
         last = episodes[-1] if episodes else None
         if last is not None and last.stop_reason == "running":
@@ -190,8 +183,10 @@ class RolloutCoordinator:
             error=loop.error,
             env_id=None if loop.owns_env else env.id,
             policy_id=None if (loop.owns_policy or policy is None) else policy.id,
-            group_id=group_id,
-            group_index=group_index,
+            group_id=member.group_id if member else None,
+            group_index=member.group_index if member else None,
+            parent_index=member.parent_index if member else None,
+            fork_turn=member.fork_turn if member else None,
         )
 
     # ------------------------------------------------------------------------------- groups
@@ -208,20 +203,25 @@ class RolloutCoordinator:
             check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         if req.policy.policy_name:  # a config the policy refuses is the caller's 422, not G failed members
             self.policies.check_config(req.policy.policy_name, req.policy.config)
+        if req.fork is not None:
+            admit_tree(req, self.settings, self.registry)
         group_id = req.group_id or new_instance_id()
-        member_ids = [f"{group_id}.{i}" for i in range(req.group_size)]
+        member_ids = [f"{group_id}.{i}" for i in range(req.tree_size())]
         self.runs.admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
-        run = self.runs.add(group_id, "group", member_ops * req.group_size, req.rl_run_id)
+        # A continuation's ops are known when it forks; until then, the most it may play.
+        ops = [member_ops if i < req.group_size else member_ops - 2 for i in range(len(member_ids))]
+        run = self.runs.add(group_id, "group", sum(ops), req.rl_run_id)
         run.member_ids = member_ids
         run.member_runs = [
-            self.runs.add(member_id, "rollout", member_ops, req.rl_run_id) for member_id in member_ids
+            self.runs.add(member_id, "rollout", n, req.rl_run_id)
+            for member_id, n in zip(member_ids, ops, strict=True)
         ]
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
         started = time.monotonic()
-        member_ids, members_runs = run.member_ids, run.member_runs
+        members_runs = run.member_runs
         try:
             start_envs = await self._group_start_envs(req)
         except BaseException as exc:
@@ -230,24 +230,25 @@ class RolloutCoordinator:
             self.runs.fail(run, exc)
             raise
 
-        async def play(i: int) -> RolloutResponse:
-            member_req = _member_request(req, member_ids[i], i)
-            return await self._run_registered(
-                members_runs[i], member_req, adopt_env=start_envs[i], group_id=run.id, group_index=i
+        tree = None
+        if req.fork is None:
+            members = list(
+                await asyncio.gather(
+                    *(
+                        self.play_member(run.member_runs[i], req, Membership(run.id, i, env))
+                        for i, env in enumerate(start_envs)
+                    )
+                )
             )
-
-        results = await asyncio.gather(*(play(i) for i in range(req.group_size)), return_exceptions=True)
-        members = [
-            GroupMember(group_index=i, run_id=member_ids[i], status="failed", error=error_message(result))
-            if isinstance(result, BaseException)
-            else GroupMember(group_index=i, run_id=member_ids[i], status=result.status, result=result)
-            for i, result in enumerate(results)
-        ]
+        else:
+            forking = ForkingGroup(self, run, req, deadline=started + req.safety.max_time_s)
+            members, tree = await forking.play(start_envs)
         returns = [m.result.metrics.mean_return if m.result else None for m in members]
-        valid = [r for r in returns if r is not None and math.isfinite(r)]
+        valid = [r for r in returns[: req.group_size] if r is not None and math.isfinite(r)]
         response = RolloutGroupResponse(
             group_id=run.id,
             members=members,
+            tree=tree,
             metrics=GroupMetrics(
                 returns=returns,
                 mean_return=statistics.fmean(valid) if valid else None,
@@ -268,11 +269,32 @@ class RolloutCoordinator:
         self.runs.finish(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
+    async def play_member(self, run: RunHandle, req: RolloutGroupRequest, member: Membership) -> GroupMember:
+        """Play one member of a group (``run`` is its registered run); a failure is the member's,
+        not the group's."""
+        index = member.group_index
+        member_req = _member_request(req, run.id, index)
+        if member.fork_turn:
+            member_req = member_req.model_copy(update={"max_turns": (req.max_turns or 0) - member.fork_turn})
+        try:
+            result = await self._run_registered(run, member_req, member)
+        except Exception as exc:
+            return GroupMember(group_index=index, run_id=run.id, status="failed", error=error_message(exc))
+        return GroupMember(group_index=index, run_id=run.id, status=result.status, result=result)
+
     async def _group_start_envs(self, req: RolloutGroupRequest) -> list[EnvHandle]:
         """G identical starting envs: G resets of one seed, or G restores of one snapshot."""
         spec = req.env
         if spec.snapshot_id is not None:
-            return await self.envs.restore_many(spec.snapshot_id, req.group_size)
+            envs = await self.envs.restore_many(spec.snapshot_id, req.group_size)
+            if req.fork is not None:  # the snapshot's plug-in is known only now
+                try:
+                    check_forkable(type(envs[0].env))
+                except Unprocessable:
+                    for env in envs:
+                        await self.envs.discard(env)
+                    raise
+            return envs
         assert spec.env_name is not None
         return await self.envs.create_many(
             spec.env_name, spec.config, spec.seed, req.rl_run_id, req.group_size

@@ -2,6 +2,9 @@
 
 An ``agent`` op asks the policy for tool calls (under the rollout's deadline and abort), an
 ``env`` op executes them; a finished episode is reset (``on_done="reset"``) or ends the rollout.
+A decision that cannot be played (an unparsable reply, an action the env refuses) is answered
+when the policy says so (`Policy.answer_invalid`): its ``env`` op takes no env step and records
+the turn as invalid, with the feedback its model sees next; otherwise it ends the rollout.
 Every plug-in call goes through the managers. The loop never raises for what the trainer should
 see as data: a policy error, the deadline, an abort, a caller terminating the env or policy, or
 an unexpected fault end it with a ``stop_reason`` and keep what was played.
@@ -12,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from envs.base import StepOptions, StepResult
@@ -50,13 +53,22 @@ class EpisodeLoop:
         *,
         llm_timeout_s: float,
         deadline: float,
+        policy: PolicyHandle | None = None,
+        first_turn: int = 0,
+        before_decision: Callable[[EpisodeLoop, int], Awaitable[None]] | None = None,
     ) -> None:
         self.run, self.req, self.env, self.owns_env = run, req, env, owns_env
         self.envs, self.policies = envs, policies
         self.llm_timeout_s, self.deadline = llm_timeout_s, deadline
         self.with_tokens = records_tokens(req)
-        self.policy: PolicyHandle | None = None
-        self.owns_policy = False
+        # An adopted policy (a fork's copy) is this rollout's to release, like an adopted env.
+        self.policy: PolicyHandle | None = policy
+        self.owns_policy = policy is not None
+        # A fork's continuation numbers its turns on from its parent's (the turns before are the parent's).
+        self.first_turn = first_turn
+        # Called with each decision's turn before the policy is asked: a forking group copies the
+        # env and policy there.
+        self.before_decision = before_decision
         self.decisions: list[DecisionTrace] = []
         self.episodes: list[Episode] = []
         self.ops_executed = 0
@@ -111,15 +123,8 @@ class EpisodeLoop:
             self.run.ops_executed = self.ops_executed
 
     async def _start(self) -> None:
-        spec = self.req.policy
-        if spec.policy_id is not None:
-            self.policy = unshared(self.policies.get(spec.policy_id), "policy")
-        else:
-            assert spec.policy_name is not None
-            self.policy = await self.policies.create(
-                spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
-            )
-            self.owns_policy = True
+        if self.policy is None:
+            self.policy, self.owns_policy = await self._resolve_policy()
         self.policy.pins += 1
         self._current = await self.envs.current(self.env)
         if self._current.done:
@@ -130,6 +135,17 @@ class EpisodeLoop:
             await self._reset()
         self.episodes.append(Episode(index=0, seed=self.envs.seed(self.env)))
 
+    async def _resolve_policy(self) -> tuple[PolicyHandle, bool]:
+        """The policy to play and whether this rollout owns it (and must release it)."""
+        spec = self.req.policy
+        if spec.policy_id is not None:
+            return unshared(self.policies.get(spec.policy_id), "policy"), False
+        assert spec.policy_name is not None
+        created = await self.policies.create(
+            spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
+        )
+        return created, True
+
     def _check_limits(self) -> None:
         if self.run.abort.is_set():
             raise Stop("aborted")
@@ -139,8 +155,15 @@ class EpisodeLoop:
         if max_ops is not None and self.ops_executed >= max_ops:
             raise Stop("max_ops")
 
+    @property
+    def turn(self) -> int:
+        """The turn of the next decision."""
+        return self.first_turn + len(self.decisions)
+
     async def _decide(self) -> None:
         assert self._current is not None
+        if self.before_decision is not None:
+            await self.before_decision(self, self.turn)
         started = time.monotonic()
         timeout = min(self.llm_timeout_s, max(0.001, self.deadline - started))
         assert self.policy is not None
@@ -152,23 +175,39 @@ class EpisodeLoop:
         if call is not None and call.weights_version is None:
             call.weights_version = self.req.weights_version
         self._pending = DecisionTrace(
-            turn=len(self.decisions), observation=self._current.observation, decision=decision
+            turn=self.turn, observation=self._current.observation, decision=decision
         )
         self.decisions.append(self._pending)
         if decision.error:
-            self._record(self._pending)
+            self._invalid(self._pending)
+
+    def _invalid(self, pending: DecisionTrace) -> None:
+        """The decision cannot be played: the policy answers it (the ``env`` op then records the
+        turn), or the rollout ends here."""
+        assert self.policy is not None
+        decision = pending.decision
+        assert decision.error is not None
+        pending.feedback = self.policies.answer_invalid(self.policy, decision.error, decision.error_detail)
+        if pending.feedback is None:
+            self._record(pending)
             raise Stop(f"policy_error:{decision.error}")
 
     async def _act(self) -> None:
         pending = self._pending
         assert pending is not None  # the request validator guarantees an agent op came first
+        if pending.feedback is not None:  # an answered invalid turn: a round without an env step
+            self._record(pending)
+            self._pending = None
+            return
         started = time.monotonic()
         try:
             result = await self.envs.step_handle(self.env, tool_calls=pending.decision.tool_calls)
         except PluginError as exc:
             pending.decision.error, pending.decision.error_detail = "invalid_action", str(exc)
+            self._invalid(pending)
             self._record(pending)
-            raise Stop("policy_error:invalid_action") from None
+            self._pending = None
+            return
         pending.env_ms = (time.monotonic() - started) * 1000
         self.run.env_s += pending.env_ms / 1000
         pending.result = result

@@ -76,6 +76,7 @@ def step_record(d: DecisionTrace, record: RolloutRecordConfig, with_tokens: bool
         step_idx=result.step_idx if result else 0,
         decision_error=d.decision.error,
         decision_error_detail=d.decision.error_detail,
+        feedback=d.feedback,
         llm=llm_record(d.decision.llm_call, with_tokens),
         timing={
             "llm_ms": d.decision.llm_call.latency_ms if d.decision.llm_call else 0.0,
@@ -126,6 +127,7 @@ def metrics(
         mean_return=(sum(returns) / len(returns)) if returns else 0.0,
         num_steps=sum(d.result.info.get("actions_executed", 1) for d in decisions if d.result),
         num_decisions=len(decisions),
+        invalid_decisions=sum(1 for d in decisions if d.decision.error),
         num_episodes=len(episodes),
         achievements=achievements,
         achievements_count=len(achievements),

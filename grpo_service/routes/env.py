@@ -69,11 +69,7 @@ async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse
 @router.post("/step", response_model=EnvStepResponse, responses=error_responses(400, 404, 409, 413, 421, 422))
 async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
     """Execute one action, a list of actions, or the tool calls a policy emitted."""
-    if req.tool_calls is not None:
-        result = await services.envs.step(req.env_id, tool_calls=req.tool_calls)
-    else:
-        actions = req.actions if req.actions is not None else [req.action]
-        result = await services.envs.step(req.env_id, actions=actions)  # type: ignore[arg-type]
+    result = await services.envs.step(req.env_id, **req.step_args())
     return EnvStepResponse(env_id=req.env_id, **asdict(result))
 
 

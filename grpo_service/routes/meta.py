@@ -24,6 +24,7 @@ ENDPOINTS = {
     "rollout_group": "/rollout/group",
     "branch": "/branch",
     "run": "/run/*",
+    "openenv": "/openenv/{env_name}",
     "docs": "/docs",
 }
 

@@ -25,6 +25,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from grpo_service.tracing.reader import TraceReader
+from inference.reasoning import reply_reasoning
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MESSAGE_KEYS = ("role", "content", "name", "tool_calls", "tool_call_id")
@@ -157,7 +158,14 @@ def build_example(session: dict[str, Any], turn: dict[str, Any]) -> tuple[dict[s
     if turn["prompt"] is None or turn["completion"] is None:
         return None, "no_messages"
     completion = _clean(turn["completion"])
-    completion["tool_calls"] = _wire_tool_calls(completion.get("tool_calls"))
+    # The reply's reasoning, wherever the server put it, in the field Qwen3's template renders.
+    reasoning, content = reply_reasoning(turn["completion"])
+    if content is not None:
+        completion["content"] = content
+    if reasoning:
+        completion["reasoning_content"] = reasoning
+    if "tool_calls" in completion:
+        completion["tool_calls"] = _wire_tool_calls(completion["tool_calls"])
     messages = [_clean(m) for m in turn["prompt"]] + [completion]
     for m in messages[:-1]:
         if "tool_calls" in m:

@@ -33,7 +33,7 @@ SESSION_COLUMNS = _columns(
     "session_id run_id group_id group_index rl_run_id mode env_name env_config seed policy_name "
     "policy_config model sampling started_at finished_at status stop_reason error num_turns "
     "num_steps num_episodes total_reward mean_return achievements achievements_count llm_calls "
-    "prompt_tokens completion_tokens metrics request writer_id recorded_at"
+    "prompt_tokens completion_tokens metrics request writer_id recorded_at parent_index fork_turn"
 )
 TURN_COLUMNS = _columns(
     "session_id turn episode observation tool_calls decision_error decision_error_detail "
@@ -294,6 +294,8 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
             dumps(redact(request.model_dump(mode="json", exclude_none=True))),
             writer_id,
             recorded_at,
+            response.parent_index,
+            response.fork_turn,
         )
     )
     return out

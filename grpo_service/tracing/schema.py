@@ -8,7 +8,9 @@ know. Migrations only ever add: never rewrite or drop a shipped one, append a ne
 Tables (all JSON columns hold JSON text):
 
 - ``sessions``: one row per rollout (run id, group id/index, env, seed, policy, model,
-  sampling params, times, status/stop reason/error, outcome: return, achievements, counts).
+  sampling params, times, status/stop reason/error, outcome: return, achievements, counts; in a
+  forking group, a continuation's ``parent_index`` and ``fork_turn``, its turns numbered on from
+  there).
 - ``turns``: one row per agent decision: episode, observation (images stripped), the
   canonical tool calls, the decision error, and which ``messages`` formed the prompt
   (``prompt_messages``: a JSON list of message indices) and the reply (``completion_message``).
@@ -203,10 +205,16 @@ _V2 = (
 # kept beside each call (before, only serve-model's replies carried it, inside `response`).
 _V3 = ("ALTER TABLE llm_calls ADD COLUMN weights_version INTEGER",)
 
+_V4 = (
+    "ALTER TABLE sessions ADD COLUMN parent_index INTEGER",
+    "ALTER TABLE sessions ADD COLUMN fork_turn INTEGER",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, turns, messages, llm_calls, env_steps, rewards, writer bookkeeping", _V1),
     Migration(2, "indexes for export filters and the session_summary view", _V2),
     Migration(3, "llm_calls.weights_version: the weights that sampled each call", _V3),
+    Migration(4, "sessions.parent_index and fork_turn: a forking group's tree", _V4),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -21,6 +21,7 @@ class DecisionTrace:
     decision: PolicyDecision
     result: StepResult | None = None
     env_ms: float = 0.0
+    feedback: str | None = None  # an answered invalid decision: what its model is told next
 
 
 @dataclass
@@ -49,6 +50,7 @@ class RolloutTrace:
                     "response": call.response if call else None,
                     "tool_calls": d.decision.tool_calls,
                     "error": d.decision.error,
+                    "feedback": d.feedback,
                     "reward": d.result.reward if d.result else None,
                     "done": d.result.done if d.result else None,
                     "achievements_unlocked": (

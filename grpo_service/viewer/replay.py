@@ -157,6 +157,9 @@ class Replay:
                     self.status.divergence = Divergence(i, "observation", fields, detail)
             self.status.checked = i + 1
             if step["env"] is None:
+                if step.get("decision_error") and i + 1 < len(self.steps):
+                    stepped = i + 1  # an invalid reply the policy answered: no env step, play went on
+                    continue
                 break
             try:
                 result = self._step(env, step)
@@ -211,9 +214,10 @@ class Replay:
         env = self._env
         while self._cursor < position:
             step = self.steps[self._cursor]
-            result = self._step(env, step)
-            if result.done and self._cursor + 1 < len(self.steps):
-                env.reset()
+            if step["env"] is not None:  # an answered invalid turn took no env step
+                result = self._step(env, step)
+                if result.done and self._cursor + 1 < len(self.steps):
+                    env.reset()
             self._cursor += 1
         return env
 

@@ -496,47 +496,87 @@ def replay_steps(conn: sqlite3.Connection, session_id: str) -> list[dict[str, An
 def group(conn: sqlite3.Connection, group_id: str) -> dict[str, Any]:
     """The members of a GRPO group side by side: returns, advantages and where they fork.
 
-    The advantage is GRPO's: ``(R_i - mean(R)) / (std(R) + 1e-6)`` over the group's session
-    returns. Members start from one state (a seed or a snapshot); the fork is the first turn at
-    which their actions differ (before it, every member played the same moves).
+    The advantage is GRPO's: ``(R_i - mean(R)) / (std(R) + 1e-6)`` over the returns of the group's
+    roots. Roots start from one state (a seed or a snapshot); ``fork_turn`` is the first turn at
+    which their actions differ (before it, every root played the same moves). In a forking group
+    (``tree``), a continuation starts at its ``fork_turn`` from a copy of its parent there; its
+    advantage is its return from that turn minus the fork's value (the mean return from that turn
+    over the parent and its continuations).
     """
+    forked = "fork_turn" in _columns(conn, "sessions")
+    tree_sql = "s.parent_index, s.fork_turn" if forked else "NULL AS parent_index, NULL AS fork_turn"
     rows = conn.execute(
-        f"SELECT {LIST_COLUMNS}, {_weights_sql(conn)} AS weights_version FROM sessions s "
+        f"SELECT {LIST_COLUMNS}, {tree_sql}, {_weights_sql(conn)} AS weights_version FROM sessions s "
         "WHERE s.group_id = ? ORDER BY s.group_index, s.started_at",
         (group_id,),
     ).fetchall()
     if not rows:
         raise NotFound(f"no group {group_id!r} in this trace DB", code="unknown_group")
     members = [_run_row(r) for r in rows]
-    returns = [m["total_reward"] for m in members]
-    mean = statistics.fmean(returns)
-    std = statistics.pstdev(returns) if len(returns) > 1 else 0.0
-    actions: list[list[str]] = []
     for m in members:
         steps = conn.execute(
-            "SELECT actions, reward FROM env_steps WHERE session_id = ? ORDER BY turn", (m["session_id"],)
+            "SELECT turn, actions, reward FROM env_steps WHERE session_id = ? ORDER BY turn",
+            (m["session_id"],),
         ).fetchall()
-        actions.append([r[0] for r in steps])
-        m["rewards"] = [r[1] for r in steps]
-        m["advantage"] = (m["total_reward"] - mean) / (std + 1e-6)
+        m["first_turn"] = m["fork_turn"] or 0
+        m["actions"] = [r[1] for r in steps]
+        m["rewards"] = [r[2] for r in steps]
+        m["turn_rewards"] = {r[0]: r[2] for r in steps}
         first = conn.execute(
             "SELECT json_extract(observation, '$.step_idx') FROM turns WHERE session_id = ? "
             "ORDER BY turn LIMIT 1",
             (m["session_id"],),
         ).fetchone()
         m["start_step"] = first[0] if first else None
-    for m, own in zip(members, actions, strict=True):
-        m["same_as_first_until"] = _common_prefix(own, actions[0])
-    fork = _common_prefix(*actions) if len(actions) > 1 else None
+    roots = [m for m in members if m["parent_index"] is None]
+    returns = [m["total_reward"] for m in roots]
+    mean = statistics.fmean(returns)
+    std = statistics.pstdev(returns) if len(returns) > 1 else 0.0
+    for m in roots:
+        m["advantage"] = (m["total_reward"] - mean) / (std + 1e-6)
+        m["same_as_first_until"] = _common_prefix(m["actions"], roots[0]["actions"])
+    forks = _forks(members)
+    prefix = _common_prefix(*(m["actions"] for m in roots)) if len(roots) > 1 else None
+    for m in members:
+        del m["actions"], m["turn_rewards"]
     return {
         "group_id": group_id,
         "size": len(members),
         "mean_return": mean,
         "std_return": std,
-        "fork_turn": fork,
-        "start_step": members[0]["start_step"],
+        "fork_turn": prefix,
+        "start_step": roots[0]["start_step"] if roots else None,
         "members": members,
+        "tree": {"forks": forks} if forks else None,
     }
+
+
+def _forks(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A forking group's forks: parent, turn, children and the value there (the mean return from
+    that turn over the parent and its continuations); sets each continuation's advantage."""
+    by_index = {m["group_index"]: m for m in members}
+    found: dict[tuple[int, int], list[dict[str, Any]]] = {}
+    for m in members:
+        if m["parent_index"] is not None:
+            found.setdefault((m["parent_index"], m["fork_turn"]), []).append(m)
+    forks = []
+    for (parent_index, turn), children in sorted(found.items()):
+        parent = by_index.get(parent_index)
+        samples = [c["total_reward"] for c in children]
+        if parent is not None:
+            samples.append(sum(r for t, r in parent["turn_rewards"].items() if t >= turn))
+        value = statistics.fmean(samples)
+        for c in children:
+            c["advantage"] = c["total_reward"] - value
+        forks.append(
+            {
+                "parent_index": parent_index,
+                "turn": turn,
+                "children": [c["group_index"] for c in children],
+                "value": value,
+            }
+        )
+    return forks
 
 
 def _common_prefix(*sequences: list[str]) -> int:

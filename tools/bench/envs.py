@@ -1,4 +1,5 @@
-"""The environments' figures: steps/s in-process and over HTTP, snapshot costs, and the oracle
+"""The environments' figures: steps/s in-process, over HTTP and over OpenEnv's WebSocket, snapshot
+costs, and the oracle
 baselines' success rates (TextCraft's recipe planner, minigrid's BabyAI bot, SciWorld's gold
 paths), each played through the service's own API. Printed by ``grpo-service bench`` after
 the service figures; ``grpo-service bench --envs-only`` runs these alone.
@@ -6,6 +7,7 @@ the service figures; ``grpo-service bench --envs-only`` runs these alone.
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
 import tempfile
@@ -98,6 +100,34 @@ def steps_per_second_http(client: httpx.Client, name: str, seconds: float, seed:
     return steps / elapsed
 
 
+def steps_per_second_openenv(base_url: str, name: str, seconds: float, seed: int = 1) -> float:
+    """Sequential ``step`` frames over one OpenEnv WebSocket (``/openenv/<env>/ws``), one action
+    per frame: the frames OpenEnv's client sends, on one connection."""
+    from websockets.sync.client import connect
+
+    url = base_url.replace("http", "ws", 1) + f"/openenv/{name}/ws"
+    with connect(url, open_timeout=600, max_size=None) as ws:
+
+        def ask(frame: dict[str, Any]) -> dict[str, Any]:
+            ws.send(json.dumps(frame))
+            reply = json.loads(ws.recv(timeout=600))
+            if reply["type"] == "error":
+                raise RuntimeError(f"OpenEnv error frame: {reply['data']}")
+            return reply["data"]
+
+        observation = ask({"type": "reset", "data": {"seed": seed}})["observation"]
+        pick = _action_picker(name, random.Random(seed))
+        steps, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            data = ask({"type": "step", "data": {"action": pick(observation)}})
+            observation = data["observation"]
+            steps += 1
+            if data["done"]:
+                observation = ask({"type": "reset"})["observation"]
+        elapsed = time.perf_counter() - started
+    return steps / elapsed
+
+
 def oracle_success(client: httpx.Client, name: str, seeds: list[int], max_turns: int) -> dict[str, Any]:
     """The ``oracle`` policy's success rate through ``/rollout/group`` (one member per task)."""
     successes, scores, turns = 0, [], []
@@ -176,6 +206,7 @@ def run_env_bench(mode: str, log: Callable[[str], None] = lambda _: None) -> dic
                     report["steps_per_s"][name] = {
                         "in_process": round(steps_per_second_inproc(name, plan.seconds), 1),
                         "http": round(steps_per_second_http(client, name, plan.seconds), 1),
+                        "openenv": round(steps_per_second_openenv(server.base_url, name, plan.seconds), 1),
                     }
                     report["restore"][name] = restore_costs(name, 1, 20)
                 log("envs: oracle baselines")
@@ -198,7 +229,15 @@ def render(report: dict[str, Any], console: Any) -> None:
     from rich.table import Table
 
     table = Table(title=f"environments ({report['mode']})")
-    for col in ("env", "steps/s in-process", "steps/s HTTP", "snapshot B", "restore+step ms", "live step ms"):
+    columns = (
+        "env",
+        "steps/s in-process",
+        "steps/s HTTP",
+        "steps/s OpenEnv",
+        "snapshot B",
+        "restore+step ms",
+    )
+    for col in (*columns, "live step ms"):
         table.add_column(col, justify="right" if col != "env" else "left")
     for name, rates in report["steps_per_s"].items():
         restore = report["restore"][name]
@@ -206,6 +245,7 @@ def render(report: dict[str, Any], console: Any) -> None:
             name,
             f"{rates['in_process']:,.1f}",
             f"{rates['http']:,.1f}",
+            f"{rates['openenv']:,.1f}" if "openenv" in rates else "-",
             f"{restore['snapshot_bytes']:,}",
             f"{restore['from_state_ms'] + restore['first_step_after_restore_ms']:.1f}",
             f"{restore['live_step_ms']:.1f}",

@@ -1,11 +1,16 @@
-"""The chat format of models made here: ChatML turns with Hermes-style tool calls.
+"""The chat format of models made here: Qwen3's own chat template.
 
-A tool call is written by the model as ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``
-inside its assistant turn: the format of Qwen2.5/Qwen3 and the one vLLM's ``hermes`` tool-call
-parser reads, so a checkpoint trained here is served by vLLM with ``--tool-call-parser hermes``
-unchanged. Tool results come back in a user turn wrapped in ``<tool_response>``. The template
-marks assistant turns with ``{% generation %}`` so that transformers returns the mask of the
-tokens SFT trains on (``return_assistant_tokens_mask``).
+``templates/qwen3.jinja`` is the chat template the Qwen3 model family ships (Qwen/Qwen3-0.6B's
+``tokenizer_config.json``), byte for byte as TRL stores it (``trl/chat_templates/qwen3.jinja``):
+TRL recognises a tokenizer by the exact text of its template, and vLLM, TRL and the service then
+render the same prompts for a checkpoint made here as for a real Qwen3. Do not edit it.
+
+Its conventions: ChatML turns; a tool call written by the model as
+``<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`` (Hermes, what vLLM's ``hermes``
+tool-call parser reads); tool results in a user turn wrapped in ``<tool_response>``; reasoning in
+``<think>...</think>`` at the start of an assistant turn, which the template drops from turns
+before the last user query (``enable_thinking=False`` pre-fills an empty block). A model may emit
+the block or not: `inference.reasoning.split_reasoning` reads both, as vLLM's ``qwen3`` reasoning parser does.
 """
 
 from __future__ import annotations
@@ -13,42 +18,21 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from importlib import resources
 from typing import Any
+
+from inference.reasoning import THINK_CLOSE, THINK_OPEN
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
+# Single tokens that are not special (decoded as text, as in Qwen3's tokenizer).
 FORMAT_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE)
+FORMAT_TOKENS += (THINK_OPEN, THINK_CLOSE)
 
-CHAT_TEMPLATE = (
-    # transformers renders with trim_blocks: a newline right after a tag is written as {{ NL }}.
-    "{% set NL = '\\n' %}"
-    "{% set sys = messages[0]['content'] if messages and messages[0]['role'] == 'system' else none %}"
-    "{% if sys is not none or tools %}"
-    "<|im_start|>system\n{{ sys if sys is not none else '' }}"
-    '{% if tools %}{{ NL }}\n# Tools\nCall a tool as <tool_call>{"name": ..., "arguments": {...}}'
-    "</tool_call>.\n<tools>{% for tool in tools %}{{ NL }}"
-    "{{ (tool.function if tool.function is defined else tool) | tojson }}"
-    "{% endfor %}{{ NL }}</tools>{% endif %}<|im_end|>{{ NL }}"
-    "{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.role == 'system' and loop.first %}"
-    "{% elif m.role == 'assistant' %}"
-    "<|im_start|>assistant\n{% generation %}{{ m.content if m.content else '' }}"
-    "{% for tc in (m.tool_calls or []) %}"
-    "{% set f = tc.function if tc.function is defined else tc %}"
-    '<tool_call>{"name": {{ f.name | tojson }}, "arguments": '
-    "{{ f.arguments if f.arguments is string else f.arguments | tojson }}}</tool_call>"
-    "{% endfor %}<|im_end|>{% endgeneration %}{{ NL }}"
-    "{% elif m.role == 'tool' %}"
-    "<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response><|im_end|>{{ NL }}"
-    "{% else %}"
-    "<|im_start|>{{ m.role }}\n{{ m.content if m.content else '' }}<|im_end|>{{ NL }}"
-    "{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
+CHAT_TEMPLATE = resources.files("training.llm").joinpath("templates/qwen3.jinja").read_text(encoding="utf-8")
+
 
 _TOOL_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), re.S)
 

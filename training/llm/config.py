@@ -88,6 +88,24 @@ class RLConfig(_Config):
         default=0.0, ge=0, description="KL (k3) to the start model; 0: no reference model."
     )
     scale_by_std: bool = Field(default=True, description="False: Dr. GRPO's R - mean advantages.")
+    advantage: Literal["group", "tree"] = Field(
+        default="group",
+        description="`group`: one advantage per rollout, relative to its group (GRPO). `tree`: the groups "
+        "fork mid-episode (`fork`) and every stretch of turns between two forks gets its own advantage, "
+        "from the Monte-Carlo values of the fork states (per-turn credit).",
+    )
+    fork: dict[str, Any] = Field(
+        default_factory=dict,
+        description="With advantage `tree`: the /rollout/group fork plan, e.g. "
+        '`{"every": 2, "continuations": 2}` or `{"rule": "max_entropy", "count": 2}` (the task app '
+        "validates it).",
+    )
+    turn_budget: int | None = Field(
+        default=None,
+        ge=1,
+        description="Stop after the step in which the decisions sampled (every member's, continuations "
+        "included) reach this many: an equal budget for `group` and `tree` runs.",
+    )
     aggregation: Literal["token", "sequence"] = Field(
         default="token", description="Loss averaged over all tokens, or per sequence then over sequences."
     )
@@ -100,9 +118,10 @@ class RLConfig(_Config):
     format_penalty: float = Field(
         default=0.0,
         ge=0,
-        description="A rollout that ended in a policy error (no tool call, invalid action) loses this, "
-        "scaled by the share of max_turns it did not play: a format reward, the signal a model that "
-        "cannot yet act needs first.",
+        description="A rollout loses this times the share of max_turns lost to invalid replies (no "
+        "tool call or action line, an invalid action: each answered invalid turn, and the unplayed "
+        "turns after one that ended the rollout): a format reward, the signal a model that cannot yet "
+        "act needs first.",
     )
     fidelity_tolerance: float = Field(
         default=1e-3, gt=0, description="Warn when server and trainer logprobs differ by more."
@@ -110,6 +129,10 @@ class RLConfig(_Config):
 
     @model_validator(mode="after")
     def _check(self) -> RLConfig:
+        if self.advantage == "tree" and not self.fork:
+            raise ValueError('advantage "tree" needs a fork plan, e.g. fork = {every = 2, continuations = 2}')
+        if self.fork and self.advantage != "tree":
+            raise ValueError('fork: only advantage "tree" learns from continuations; set advantage = "tree"')
         if self.policy_config.get("api_key"):
             raise ValueError(
                 "policy_config.api_key: use the model server without a key, or set it on the server"

@@ -1,5 +1,6 @@
 """A small causal LM made here: a byte-level BPE tokenizer trained on the environments' own text,
-a ChatML chat template with Hermes tool calls, and a randomly initialised Qwen2 from a config.
+carrying Qwen3's own chat template, and a randomly initialised ``Qwen3ForCausalLM`` from a config:
+the model class and template vLLM and TRL run for Qwen3-0.6B, at a size a CPU trains in minutes.
 
 ``load(path)`` reads any local transformers checkpoint the same way (one made here, or a real
 one such as a Qwen3 download); nothing is fetched from a hub.
@@ -15,18 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import training.llm  # noqa: F401  (offline environment variables before transformers loads)
-from training.llm.chat import CHAT_TEMPLATE, END_OF_TEXT, FORMAT_TOKENS, IM_END, SPECIAL_TOKENS
 
 
 @dataclass
 class ModelSpec:
-    """Size of a model made here. The default has about 3 M parameters."""
+    """Size of a model made here. The default has about 2 M parameters.
+
+    ``head_dim`` is set apart from ``hidden_size / num_heads`` as Qwen3 allows; keep it in vLLM's
+    supported sizes (32, 64, 80, 96, 112, 128, ...): its CPU attention kernels have no others."""
 
     vocab_size: int = 4096
     hidden_size: int = 192
     num_layers: int = 4
     num_heads: int = 6
     num_kv_heads: int = 2
+    head_dim: int = 32
     intermediate_size: int = 512
     max_positions: int = 4096
     seed: int = 0
@@ -108,6 +112,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
     from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
+    from training.llm.chat import CHAT_TEMPLATE, END_OF_TEXT, FORMAT_TOKENS, IM_END, SPECIAL_TOKENS
+
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -134,28 +140,29 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> Any:
 
 
 def init_model(out: Path, texts: Iterable[str], spec: ModelSpec | None = None) -> dict[str, Any]:
-    """Train the tokenizer, build a random Qwen2 from ``spec`` and save both to ``out``."""
+    """Train the tokenizer, build a random Qwen3 from ``spec`` and save both to ``out``."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
     spec = spec or ModelSpec()
     tokenizer = train_tokenizer(texts, spec.vocab_size)
-    config = Qwen2Config(
+    config = Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
         max_position_embeddings=spec.max_positions,
         tie_word_embeddings=True,
-        eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
+        eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
         use_cache=True,
     )
     torch.manual_seed(spec.seed)
-    model = Qwen2ForCausalLM(config)
+    model = Qwen3ForCausalLM(config)
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
@@ -185,13 +192,21 @@ def load(path: str | Path, *, dtype: Any = None) -> tuple[Any, Any]:
     return model, tokenizer
 
 
-def stop_token_ids(tokenizer: Any, model: Any) -> set[int]:
-    """Token ids that end a completion: the model's EOS ids and the chat's end-of-turn."""
+def end_of_turn_ids(tokenizer: Any) -> set[int]:
+    """Token ids that end a turn: the chat's end-of-turn and the tokenizer's EOS."""
+    from training.llm.chat import END_OF_TEXT, IM_END
+
     ids: set[int] = set()
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
     for token in (IM_END, END_OF_TEXT, tokenizer.eos_token):
         token_id = tokenizer.convert_tokens_to_ids(token) if token else None
         if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
             ids.add(token_id)
     return ids
+
+
+def stop_token_ids(tokenizer: Any, model: Any) -> set[int]:
+    """Token ids that end a completion: the model's EOS ids and the chat's end-of-turn."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    return end_of_turn_ids(tokenizer) | set(
+        eos if isinstance(eos, list) else [eos] if eos is not None else []
+    )

@@ -29,14 +29,15 @@ import random
 import shutil
 import statistics
 import time
+from bisect import bisect_right
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from training.grpo import group_advantages, policy_loss
+from training.grpo import Branch, group_advantages, policy_loss, tree_advantages
 from training.llm.config import RLConfig
 from training.llm.logprobs import TokenBatch, token_logprobs
 from training.llm.model import load
@@ -95,43 +96,137 @@ def group_request(
         "record": {"logprobs": True, "observations": False},
         "safety": {"max_time_s": config.rollout_timeout_s},
         "weights_version": version,  # what the server serves: set by this trainer (vLLM does not say)
+        **({"fork": config.fork} if config.advantage == "tree" else {}),
     }
 
 
 def member_reward(result: dict[str, Any], format_penalty: float = 0.0, max_turns: int = 1) -> float:
-    """The rollout's return; if the policy failed to act, minus ``format_penalty`` scaled by the
-    share of ``max_turns`` it did not play (a rollout that acted longer before failing loses less)."""
+    """The rollout's return, minus ``format_penalty`` times the share of ``max_turns`` lost to
+    invalid replies: each invalid turn (answered or not), and the turns a rollout that ended in a
+    policy error did not play. A rollout with no invalid turn loses nothing, however short."""
     reward = float(sum(t["total_reward"] for t in result["trajectories"]))
+    per_step, unplayed = format_losses(result, format_penalty, max_turns)
+    return reward - sum(per_step) - unplayed
+
+
+def format_losses(result: dict[str, Any], format_penalty: float, max_turns: int) -> tuple[list[float], float]:
+    """`member_reward`'s format penalty, split: per recorded step (``format_penalty / max_turns``
+    for an invalid turn), and for the turns a rollout that ended in a policy error did not play (a
+    fork's continuation played its parent's turns before ``fork_turn``)."""
+    steps = _steps(result)
+    unit = format_penalty / max_turns
+    per_step = [unit if s.get("decision_error") else 0.0 for s in steps]
+    unplayed = 0.0
     if format_penalty and str(result.get("stop_reason", "")).startswith("policy_error:"):
-        acted = sum(1 for t in result["trajectories"] for s in t["steps"] if not s.get("decision_error"))
-        reward -= format_penalty * (1.0 - min(acted, max_turns) / max_turns)
-    return reward
+        unplayed = unit * max(0, max_turns - len(steps) - (result.get("fork_turn") or 0))
+    return per_step, unplayed
+
+
+@dataclass
+class Credit:
+    """Each decision's advantage, and the rewards logged for the step (one per root rollout)."""
+
+    decisions: list[tuple[float, int, int, str, dict[str, Any]]] = field(default_factory=list)
+    """(advantage, group, member, run id, step) per recorded decision."""
+    rewards: list[float] = field(default_factory=list)
+    group_ids: list[int] = field(default_factory=list)
+
+
+def _steps(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for t in result["trajectories"] for s in t["steps"]]
+
+
+def _played(groups: list[dict[str, Any]], stats: Counter[str]) -> list[list[dict[str, Any]]]:
+    """Per group, the members that played (the failed ones are counted and left out)."""
+    out = []
+    for group in groups:
+        ok = []
+        for member in group["members"]:
+            if member["status"] == "failed" or member.get("result") is None:
+                stats["members_failed"] += 1
+            else:
+                ok.append(member)
+        out.append(ok)
+    return out
+
+
+def group_credit(groups: list[dict[str, Any]], config: RLConfig, stats: Counter[str]) -> Credit:
+    """GRPO: every decision of a rollout gets the rollout's group-relative advantage."""
+    credit = Credit()
+    rows: list[tuple[int, int, dict[str, Any]]] = []
+    for g, members in enumerate(_played(groups, stats)):
+        for member in members:
+            credit.rewards.append(member_reward(member["result"], config.format_penalty, config.max_turns))
+            credit.group_ids.append(g)
+            rows.append((len(credit.rewards) - 1, g, member))
+    adv = group_advantages(credit.rewards, credit.group_ids, scale_by_std=config.scale_by_std)
+    stats["subgroups"] += len(groups)
+    stats["groups_all_equal"] += adv.degenerate_groups
+    stats["subgroups_all_equal"] += adv.degenerate_groups
+    for row, g, member in rows:
+        advantage = float(adv.advantages[row])
+        for step in _steps(member["result"]):
+            credit.decisions.append((advantage, g, row, member["run_id"], step))
+    return credit
+
+
+def tree_credit(groups: list[dict[str, Any]], config: RLConfig, stats: Counter[str]) -> Credit:
+    """Per-turn credit from forking groups (`training.grpo.tree_advantages`): a member's turns are
+    cut at the turns where it was forked; each stretch is a branch from the state it started in
+    (the group's start for a root's first stretch, else the fork's) to the next fork or the end."""
+    credit = Credit()
+    for g, (group, members) in enumerate(zip(groups, _played(groups, stats), strict=True)):
+        forked_at: dict[int, set[int]] = {}
+        for fork in (group.get("tree") or {}).get("forks", []):
+            forked_at.setdefault(fork["parent_index"], set()).add(fork["turn"])
+        branches: list[Branch] = []
+        owners: list[tuple[dict[str, Any], list[int]]] = []  # (member, each step's branch)
+        for member in members:
+            result, index = member["result"], member["group_index"]
+            if result.get("parent_index") is None:
+                credit.rewards.append(member_reward(result, config.format_penalty, config.max_turns))
+                credit.group_ids.append(g)
+                start: tuple[Any, ...] = ("start",)
+            else:
+                stats["continuations"] += 1
+                start = ("fork", result["parent_index"], result["fork_turn"])
+            cuts = sorted(forked_at.get(index, ()))
+            nodes = [start] + [("fork", index, t) for t in cuts]
+            steps = _steps(result)
+            of_step = [bisect_right(cuts, s["turn"]) for s in steps]  # the stretch each turn is in
+            rewards = [0.0] * len(nodes)
+            losses, unplayed = format_losses(result, config.format_penalty, config.max_turns)
+            for s, j, lost in zip(steps, of_step, losses, strict=True):
+                rewards[j] += s["reward"] - lost
+            rewards[-1] -= unplayed
+            first = len(branches)
+            ends = [*nodes[1:], None]
+            branches += [Branch(n, r, end) for n, r, end in zip(nodes, rewards, ends, strict=True)]
+            owners.append((member, [first + j for j in of_step]))
+        if not branches:
+            continue
+        adv = tree_advantages(branches, scale_by_std=config.scale_by_std)
+        stats["subgroups"] += adv.nodes
+        stats["subgroups_all_equal"] += adv.degenerate_nodes
+        stats["groups_all_equal"] += adv.degenerate_nodes == adv.nodes
+        for member, of_step in owners:
+            for step, b in zip(_steps(member["result"]), of_step, strict=True):
+                credit.decisions.append((adv.advantages[b], g, member["group_index"], member["run_id"], step))
+    return credit
 
 
 def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
-    """Advantages from the members' rewards, and one sample per recorded decision."""
+    """Advantages (`group_credit` or `tree_credit`), and one sample per recorded decision: an
+    invalid turn's completion is the sampler's as much as a valid one's, so it is trained on with
+    its advantage (the format penalty is what makes it worse than a valid turn)."""
     stats: Counter[str] = Counter()
-    rewards: list[float] = []
-    group_ids: list[int] = []
-    decisions: list[tuple[int, int, str, dict[str, Any]]] = []  # (row in rewards, group, run id, step)
-    for g, group in enumerate(groups):
-        for member in group["members"]:
-            result = member.get("result")
-            if member["status"] == "failed" or result is None:
-                stats["members_failed"] += 1
-                continue
-            rewards.append(member_reward(result, config.format_penalty, config.max_turns))
-            group_ids.append(g)
-            for trajectory in result["trajectories"]:
-                for step in trajectory["steps"]:
-                    if step.get("llm") is not None:
-                        decisions.append((len(rewards) - 1, g, member["run_id"], step))
-    adv = group_advantages(rewards, group_ids, scale_by_std=config.scale_by_std) if rewards else None
+    credit = (tree_credit if config.advantage == "tree" else group_credit)(groups, config, stats)
     stats["groups"] = len(groups)
-    stats["groups_all_equal"] = adv.degenerate_groups if adv is not None else 0
     samples: list[Sample] = []
-    for row, g, run_id, step in decisions:
-        llm = step["llm"]
+    for advantage, g, member, run_id, step in credit.decisions:
+        llm = step.get("llm")
+        if llm is None:
+            continue
         ids, completion, logprobs = (
             llm.get("prompt_token_ids"),
             llm.get("completion_token_ids"),
@@ -144,12 +239,12 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
         if sampled_by is not None and version - sampled_by > config.max_staleness:
             stats["stale_samples"] += 1
             continue
-        advantage = float(adv.advantages[row]) if adv is not None else 0.0
         if advantage == 0.0 and config.kl_coef == 0:  # no gradient at all
             stats["zero_advantage_samples"] += 1
             continue
-        samples.append(Sample(ids, completion, logprobs, advantage, g, row, sampled_by, run_id, step["turn"]))
-    return Batch(samples, rewards, group_ids, stats)
+        turn = step["turn"]
+        samples.append(Sample(ids, completion, logprobs, advantage, g, member, sampled_by, run_id, turn))
+    return Batch(samples, credit.rewards, credit.group_ids, stats)
 
 
 # ------------------------------------------------------------------------------- the update
@@ -296,6 +391,8 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
     first_version = version
     totals: Counter[str] = Counter()
     failed_steps, stop_error, saved = 0, None, step
+    logged = run.metrics()
+    turns_total = int(logged[-1].get("turns_sampled_total", 0)) if step and logged else 0
 
     def save(at: int) -> None:
         state = {
@@ -340,11 +437,16 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                 "rollout_s": round(rollout_s, 3),
                 "weights_version": version,
                 **{k: batch.stats.get(k, 0) for k in ("groups", "groups_all_equal", "members_failed")},
+                **{k: batch.stats.get(k, 0) for k in ("subgroups", "subgroups_all_equal", "continuations")},
                 **{k: batch.stats.get(k, 0) for k in ("stale_samples", "decisions_without_tokens")},
                 "group_requests_failed": len(errors),
             }
-            completion_tokens = sum(len(llm_tokens) for g in groups for llm_tokens in _completions(g))
-            record["rollout_tokens_per_s"] = round(completion_tokens / max(rollout_s, 1e-9), 2)
+            completions = [ids for g in groups for ids in _completions(g)]
+            turns_total += sum(_turns(g) for g in groups)
+            record["turns_sampled"] = sum(_turns(g) for g in groups)
+            record["turns_sampled_total"] = turns_total
+            record["completion_tokens"] = sum(len(ids) for ids in completions)
+            record["rollout_tokens_per_s"] = round(record["completion_tokens"] / max(rollout_s, 1e-9), 2)
             if batch.samples:
                 t1 = time.monotonic()
                 metrics = update(model, ref_model, optimizer, batch.samples, config, pad_id)
@@ -376,11 +478,15 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
             if step % config.save_every == 0 or step == config.steps:
                 save(step)
                 saved = step
+            if config.turn_budget is not None and turns_total >= config.turn_budget:
+                console.print(f"turn budget reached: {turns_total} decisions sampled in {step} steps")
+                break
     if step > saved:  # stopped early: keep what was trained, resumable
         save(step)
     model.eval()
     save_weights(run.final, model, tokenizer)
-    keys = ["reward_mean", "success_rate", "kl_ref", "clip_fraction", "approx_kl", "logprob_max_abs_diff"]
+    keys = ["reward_mean", "success_rate", "groups_all_equal", "kl_ref", "clip_fraction", "approx_kl"]
+    keys.append("logprob_max_abs_diff")
     run.plot([*keys, "rollout_tokens_per_s", "train_tokens_per_s"], f"GRPO {config.env_name}")
     metrics = run.metrics()
     return {
@@ -391,6 +497,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
         "reward_first": metrics[0]["reward_mean"] if metrics else None,
         "reward_last": metrics[-1]["reward_mean"] if metrics else None,
         "totals": dict(totals),
+        "turns_sampled": turns_total,
         "error": stop_error,
         "metrics": str(run.metrics_path),
         "curves": str(run.curves_path),
@@ -406,6 +513,13 @@ def _completions(group: dict[str, Any]) -> list[list[int]]:
                 if ids:
                     out.append(ids)
     return out
+
+
+def _turns(group: dict[str, Any]) -> int:
+    """Decisions the group sampled (a continuation's own turns only: its prefix was copied)."""
+    return sum(
+        len(t["steps"]) for m in group["members"] for t in (m.get("result") or {}).get("trajectories", [])
+    )
 
 
 def _is_number(value: Any) -> bool:

@@ -10,10 +10,11 @@ server with one code path (`training.llm.weight_sync`).
 
 A chat request is rendered with the checkpoint's chat template and sampled with `Sampler`;
 concurrent requests are batched (the requests waiting when a batch starts are decoded
-together). Answers have vLLM's shape: ``choices[].message`` with tool calls parsed from the
-model's text (Hermes ``<tool_call>{json}</tool_call>``, as vLLM's ``hermes`` parser; without
-``tools`` the text comes back as content, e.g. for a ReAct agent that parses ``Action:``
-lines), ``choices[].logprobs.content``, and with ``return_token_ids`` the top-level
+together). Answers have vLLM's shape: ``choices[].message`` with a leading
+``<think>...</think>`` block split off as ``reasoning_content`` (as vLLM's ``qwen3`` reasoning
+parser), tool calls parsed from the rest (Hermes ``<tool_call>{json}</tool_call>``, as vLLM's
+``hermes`` parser; without ``tools`` the text comes back as content, e.g. for a ReAct agent
+that parses ``Action:`` lines), ``choices[].logprobs.content``, and with ``return_token_ids`` the top-level
 ``prompt_token_ids`` and ``choices[].token_ids``. Like vLLM, a completion does not say which
 weights made it: the trainer that set the version knows (it pauses generation across a switch).
 
@@ -39,6 +40,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from inference.completions import chat_choice, completion_budget, context_error, error_body
+from inference.reasoning import split_reasoning
 from training.llm.chat import parse_tool_calls
 from training.llm.model import load, stop_token_ids
 from training.llm.sampling import Sample, Sampler, SampleRequest
@@ -248,12 +250,13 @@ def _logprob_entry(tokenizer: Any, token: int, logprob: float, top: list[tuple[i
 
 
 def _choice(index: int, sample: Sample, req: ChatRequest, tokenizer: Any) -> dict[str, Any]:
-    content: str | None = sample.text
+    reasoning, text = split_reasoning(sample.text)
+    content: str | None = text
     tool_calls: list[dict[str, Any]] = []
     finish = sample.finish_reason
     if req.tools and req.tool_choice != "none":
-        content, tool_calls = parse_tool_calls(sample.text)
-    choice = chat_choice(index, content, tool_calls, finish, req.tool_choice)
+        content, tool_calls = parse_tool_calls(text)
+    choice = chat_choice(index, content, tool_calls, finish, req.tool_choice, reasoning)
     if req.logprobs:
         tops = sample.top_logprobs or [None] * len(sample.token_ids)
         choice["logprobs"] = {

@@ -1,6 +1,6 @@
 """Supervised fine-tuning on chat JSONL (``grpo-service export-sft`` output): the loss is taken on
-the assistant tokens only (the chat template's ``{% generation %}`` mask), with checkpoints that
-resume exactly (weights, optimizer, schedule, data position, RNG), a metrics file and curves.
+the assistant tokens only (`assistant_mask`), with checkpoints that resume exactly (weights,
+optimizer, schedule, data position, RNG), a metrics file and curves.
 
 Each line is ``{"messages": [...], "tools": [...]}``; it is rendered with the checkpoint's own
 chat template, so the tokens trained on are the ones the model server will see at inference.
@@ -22,7 +22,7 @@ import torch
 
 from training.llm.config import SFTConfig
 from training.llm.logprobs import TokenBatch
-from training.llm.model import load
+from training.llm.model import end_of_turn_ids, load
 from training.llm.run import RunDir, rng_state, save_weights, set_rng_state
 
 
@@ -30,6 +30,41 @@ from training.llm.run import RunDir, rng_state, save_weights, set_rng_state
 class Example:
     input_ids: list[int]
     assistant_mask: list[int]
+
+
+def assistant_mask(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+) -> tuple[list[int], list[int]]:
+    """The conversation's token ids as the chat template renders it, and the mask of the tokens
+    the model writes: for each assistant turn, from the end of the prompt it answered (the turns
+    before it rendered with the generation prompt) through its end-of-turn token.
+
+    Rendering prefixes needs no ``{% generation %}`` markers, so it serves any chat template, Qwen3's
+    own included: there the last turn carries its ``<think>`` block (empty when the reply had no
+    reasoning: what the model emits at inference) and earlier turns none (the template drops past
+    reasoning). A template that renders the turns before a reply differently once more follow is
+    refused (``ValueError``): its mask would be wrong.
+    """
+    text = tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)
+    encoded = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+    stops = end_of_turn_ids(tokenizer)
+    mask = [0] * len(ids)
+    for index, message in enumerate(messages):
+        if message.get("role") != "assistant" or index == 0:
+            continue
+        prompt = tokenizer.apply_chat_template(
+            messages[:index], tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        if not text.startswith(prompt):
+            raise ValueError(f"the chat template renders the turns before message {index} differently")
+        token = next((t for t, (start, _) in enumerate(offsets) if start >= len(prompt)), len(ids))
+        while token < len(ids):
+            mask[token] = 1
+            if ids[token] in stops:
+                break
+            token += 1
+    return ids, mask
 
 
 def load_examples(path: Path, tokenizer: Any, max_length: int) -> tuple[list[Example], Counter[str]]:
@@ -42,17 +77,10 @@ def load_examples(path: Path, tokenizer: Any, max_length: int) -> tuple[list[Exa
                 continue
             try:
                 row = json.loads(line)
-                encoded = tokenizer.apply_chat_template(
-                    row["messages"],
-                    tools=row.get("tools") or None,
-                    tokenize=True,
-                    return_dict=True,
-                    return_assistant_tokens_mask=True,
-                )
+                ids, mask = assistant_mask(tokenizer, row["messages"], row.get("tools") or None)
             except (ValueError, KeyError, TypeError) as exc:
                 skipped[f"invalid: {type(exc).__name__}"] += 1
                 continue
-            ids, mask = list(encoded["input_ids"]), list(encoded["assistant_masks"])
             if not any(mask):
                 skipped["no_assistant_tokens"] += 1
             elif len(ids) > max_length:

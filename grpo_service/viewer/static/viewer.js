@@ -491,8 +491,10 @@ async function groupView(groupId) {
   await summary();
   setCrumbs(h("a", { href: "#/" }, "rollouts"), h("span", {}, `group ${groupId}`));
   const maxAdv = Math.max(1, ...g.members.map((m) => Math.abs(m.advantage)));
-  const maxTurns = Math.max(1, ...g.members.map((m) => m.num_turns));
-  const forkText = g.fork_turn === null ? "–" : g.fork_turn === 0 ? "at the first turn" : `after ${g.fork_turn} identical turn${g.fork_turn === 1 ? "" : "s"}`;
+  const maxTurns = Math.max(1, ...g.members.map((m) => m.first_turn + m.num_turns));
+  const forks = g.tree ? g.tree.forks : [];
+  const rootFork = g.fork_turn === null ? "–" : g.fork_turn === 0 ? "at the first turn" : `after ${g.fork_turn} identical turn${g.fork_turn === 1 ? "" : "s"}`;
+  const forkText = g.tree ? `roots: ${rootFork}; ${forks.length} fork${forks.length === 1 ? "" : "s"} into ${forks.reduce((n, f) => n + f.children.length, 0)} continuations` : rootFork;
   const cards = g.members.map((m) => {
     const link = `#/rollout/${encodeURIComponent(m.session_id)}`;
     const adv = m.advantage;
@@ -508,13 +510,21 @@ async function groupView(groupId) {
         },
       })),
       h("div", { style: "display:flex;justify-content:space-between;margin-top:6px" }, h("a", { href: link }, h("b", {}, `#${m.group_index}`)), h("span", { class: "mono" }, `R ${fmt.num(m.total_reward)}`)),
+      m.parent_index === null ? null : h("div", { class: "muted", style: "font-size:12px", "data-parent": m.group_index }, `forked from #${m.parent_index} at turn ${m.fork_turn}`),
       h("div", { class: "adv", title: `advantage ${fmt.num(adv, 3)}` }, h("i", { style: `left:${adv >= 0 ? 50 : 50 - w}%;width:${w}%;background:${adv >= 0 ? "#1e8e3e" : "#c5221f"}` })),
       h("div", { class: "muted", style: "font-size:12px" }, `advantage `, h("b", { "data-advantage": m.group_index }, fmt.num(adv, 3)), ` · ${m.num_turns} turns · ${m.achievements_count} ach.`),
       h("div", { class: `stop ${stopIsError(m.stop_reason) ? "err" : ""}` }, m.stop_reason));
   });
-  const lanes = h("div", { class: "lanes" }, g.members.map((m) => [
-    h("span", {}, `#${m.group_index}`),
-    lane(m, maxTurns, g.fork_turn)]));
+  // Tree order: each member followed by the continuations forked from it.
+  const ordered = [];
+  const place = (m, depth) => {
+    ordered.push([m, depth]);
+    g.members.filter((c) => c.parent_index === m.group_index).forEach((c) => place(c, depth + 1));
+  };
+  g.members.filter((m) => m.parent_index === null).forEach((m) => place(m, 0));
+  const lanes = h("div", { class: "lanes" }, ordered.map(([m, depth]) => [
+    h("span", { style: `padding-left:${12 * depth}px` }, depth ? `↳ #${m.group_index}` : `#${m.group_index}`),
+    lane(m, maxTurns, g.fork_turn, forks.filter((f) => f.parent_index === m.group_index))]));
   app.replaceChildren(
     h("h1", {}, "GRPO group ", h("span", { class: "mono", style: "font-size:15px" }, groupId)),
     h("div", { class: "card" }, h("div", { class: "meta" },
@@ -523,17 +533,22 @@ async function groupView(groupId) {
       metaItem("fork", h("span", { id: "fork" }, forkText)),
       metaItem("list", h("a", { href: `#/?group_id=${encodeURIComponent(groupId)}&sort=total_reward` }, "as a table")))),
     h("div", { class: "members", id: "members" }, cards),
-    h("div", { class: "card", style: "margin-top:14px" }, h("h2", {}, "Turns side by side (grey: same moves as every member so far; green/red: reward)"), lanes));
+    h("div", { class: "card", style: "margin-top:14px" }, h("h2", {}, g.tree
+      ? "The tree, turn by turn (hatched: the parent's turns, shared; orange: a fork, with the value there; green/red: reward)"
+      : "Turns side by side (grey: same moves as every member so far; green/red: reward)"), lanes));
 }
 
-function lane(m, maxTurns, fork) {
-  const el = h("div", { class: "lane", title: `${m.num_turns} turns` });
+function lane(m, maxTurns, fork, ownForks) {
+  const first = m.first_turn || 0;
+  const el = h("div", { class: "lane", title: `${m.num_turns} turns` + (first ? ` from turn ${first}` : "") });
   for (let i = 0; i < maxTurns; i++) {
-    const r = (m.rewards || [])[i] || 0;
-    const cls = r > 0 ? "r" : r < 0 ? "n" : fork !== null && i < fork ? "same" : "";
-    el.append(h("span", { class: cls, style: i >= m.num_turns ? "visibility:hidden" : "" }));
+    const r = (m.rewards || [])[i - first] || 0;
+    const cls = i < first ? "shared" : r > 0 ? "r" : r < 0 ? "n" : m.parent_index === null && fork !== null && i < fork ? "same" : "";
+    el.append(h("span", { class: cls, style: i >= first + m.num_turns ? "visibility:hidden" : "" }));
   }
-  if (fork !== null) el.append(h("div", { class: "fork", style: `left:${(100 * fork) / maxTurns}%`, title: `fork at turn ${fork}` }));
+  if (first) el.append(h("div", { class: "fork", style: `left:${(100 * first) / maxTurns}%`, title: `forked from #${m.parent_index} at turn ${first}` }));
+  else if (fork !== null) el.append(h("div", { class: "fork", style: `left:${(100 * fork) / maxTurns}%`, title: `roots differ from turn ${fork}` }));
+  for (const f of ownForks) el.append(h("div", { class: "fork", "data-fork": `${f.parent_index}@${f.turn}`, style: `left:${(100 * f.turn) / maxTurns}%`, title: `fork at turn ${f.turn} into ${f.children.map((c) => "#" + c).join(", ")}; value ${fmt.num(f.value, 3)}` }));
   el.addEventListener("click", () => { location.hash = `#/rollout/${encodeURIComponent(m.session_id)}`; });
   el.style.cursor = "pointer";
   return el;

@@ -1,0 +1,131 @@
+"""OpenEnv's wire format: the WebSocket frames, their error codes, and the JSON shapes that
+``/schema``, ``/metadata`` and ``/health`` describe (OpenEnv 0.10's, field for field)."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from fastapi.encoders import jsonable_encoder
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from grpo_service.models import RunId, Seed
+
+
+class ErrorCode(StrEnum):
+    """OpenEnv's `WSErrorCode`: the ``code`` of an ``error`` frame."""
+
+    INVALID_JSON = "INVALID_JSON"
+    UNKNOWN_TYPE = "UNKNOWN_TYPE"
+    VALIDATION_ERROR = "VALIDATION_ERROR"
+    EXECUTION_ERROR = "EXECUTION_ERROR"
+    CAPACITY_REACHED = "CAPACITY_REACHED"
+    FACTORY_ERROR = "FACTORY_ERROR"
+    SESSION_ERROR = "SESSION_ERROR"
+
+
+class FrameError(Exception):
+    """Answered with an ``error`` frame; ``extra`` goes beside ``message`` and ``code``.
+    ``fatal``: the session cannot go on (its env is gone), so the socket closes after it."""
+
+    def __init__(self, code: ErrorCode, message: str, *, fatal: bool = False, **extra: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fatal = fatal
+        self.extra = extra
+
+    def frame(self) -> dict[str, Any]:
+        return {"type": "error", "data": {"message": self.message, "code": self.code.value, **self.extra}}
+
+
+def validation_failed(exc: ValidationError, what: str) -> FrameError:
+    """A ``VALIDATION_ERROR`` frame with pydantic's errors (without the offending input)."""
+    errors = [{k: e[k] for k in ("type", "loc", "msg") if k in e} for e in exc.errors()]
+    return FrameError(ErrorCode.VALIDATION_ERROR, f"invalid {what}", errors=jsonable_encoder(errors))
+
+
+class Frame(BaseModel):
+    """A client's frame: ``type`` and, depending on it, ``data`` (reset, step, mcp) or the
+    ``tool_name`` and ``arguments`` of a ``call_tool``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: str = Field(max_length=64)
+    data: dict[str, Any] | None = None
+    tool_name: str | None = Field(default=None, max_length=128)
+    arguments: dict[str, Any] | None = None
+
+
+class ResetOptions(BaseModel):
+    """A ``reset`` frame's data. Every other field is the env's config: given, the env is rebuilt
+    with that config; absent, the env keeps the config it has."""
+
+    model_config = ConfigDict(extra="allow")
+
+    seed: Seed | None = Field(default=None, description="The episode's seed (a text game: its task index).")
+    episode_id: str | None = Field(
+        default=None, max_length=256, description="Your name for the episode (generated when omitted)."
+    )
+    rl_run_id: RunId | None = Field(
+        default=None, description="Owner of the env and the trace (default: `openenv`)."
+    )
+
+    def config(self) -> dict[str, Any]:
+        return dict(self.model_extra or {})
+
+
+class Observation(BaseModel):
+    """What an ``observation`` frame's ``data.observation`` holds: the env's observation (``text``,
+    the rendering an LLM reads, and the env's structured fields) and ``metadata``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str = Field(description="The observation as an LLM reads it.")
+    metadata: dict[str, Any] = Field(
+        default_factory=dict,
+        description="`env_id`, `episode_id`, `step_idx`, `truncated` and the env's `info`.",
+    )
+    done: bool = Field(default=False, description="The episode has ended.")
+    reward: float | None = Field(default=None, description="The step's reward (null after a reset).")
+
+
+class State(BaseModel):
+    """A ``state`` frame's data."""
+
+    episode_id: str | None = Field(description="The reset's `episode_id` (or a generated one).")
+    step_count: int = Field(ge=0, description="Step frames (and tool calls) since the reset.")
+    env_id: str = Field(
+        description="The service's env: /env/snapshot, /branch, /env/list and /rollout take this id."
+    )
+    env_name: str = Field(description="The environment plug-in.")
+    session_id: str = Field(description="This session (MCP's `session_id`).")
+    seed: int | None = Field(description="The seed the env was reset with.")
+    step_idx: int = Field(description="The env's own step counter (a multi-action step counts each action).")
+    done: bool = Field(description="The episode has ended.")
+
+
+class Metadata(BaseModel):
+    """``GET /metadata``: OpenEnv's `EnvironmentMetadata` and the env's tools and config."""
+
+    name: str = Field(description="The environment plug-in.")
+    description: str = Field(description="What it is.")
+    readme_content: str | None = Field(default=None, description="How to play it over OpenEnv.")
+    version: str | None = Field(default=None, description="The plug-in's version.")
+    author: str | None = Field(default=None, description="Who serves it.")
+    documentation_url: str | None = Field(default=None, description="Where the protocol is described.")
+    tools: list[dict[str, Any]] = Field(description="The tools (OpenAI function schemas) it acts through.")
+    config_schema: dict[str, Any] = Field(description="JSON schema of the config a reset may carry.")
+
+
+class Schemas(BaseModel):
+    """``GET /schema``: JSON schemas of a step's data, an observation and a state."""
+
+    action: dict[str, Any]
+    observation: dict[str, Any]
+    state: dict[str, Any]
+    reset_observation: dict[str, Any] | None = None
+
+
+class HealthStatus(BaseModel):
+    status: str = Field(default="healthy", description="Always `healthy` when the server answers.")

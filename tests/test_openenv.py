@@ -1,0 +1,371 @@
+"""OpenEnv's protocol at /openenv/<env> against the served app (uvicorn on 127.0.0.1): OpenEnv 0.10's
+own clients play whole episodes of every env; two sessions are isolated; every session is a live
+env of the registry (listed, snapshotted, traced, removed when its socket closes or drops, refused
+at capacity); bad frames get OpenEnv's error frames and the session goes on; `openenv validate
+--url` passes for every env. One server for the module; the clients run in OpenEnv's own venv."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from envs.base import ENVIRONMENTS
+from grpo_service import create_app
+from grpo_service.tracing import TraceReader
+from tests.conftest import make_settings
+from tests.openenv_venv import openenv_venv
+from tools.server_thread import ServerThread
+
+MAX_ENVS = 6
+PLAY = Path(__file__).with_name("openenv_play.py")
+# How each env is played to its end: the text games by their scripted solver (the `oracle`
+# config shows its next action), Crafter until its step cap.
+ENVS: dict[str, dict[str, Any]] = {
+    "crafter": {"seed": 3, "config": {"max_steps": 8}},
+    "textcraft": {"seed": 1, "config": {"oracle": True, "max_steps": 40}},
+    "babyai": {"seed": 0, "config": {"oracle": True, "max_steps": 40}},
+    "sciworld": {"seed": 0, "config": {"oracle": True, "max_steps": 60}},
+}
+
+
+@pytest.fixture(scope="module")
+def venv() -> Path:
+    return openenv_venv()
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Path]]:
+    tmp = tmp_path_factory.mktemp("openenv")
+    trace_db = tmp / "traces.db"
+    settings = make_settings(tmp, trace_db=trace_db, max_envs=MAX_ENVS)
+    with ServerThread(create_app(settings), name="openenv-app") as server:
+        yield server, trace_db
+
+
+@pytest.fixture(scope="module")
+def base(served: tuple[ServerThread, Path]) -> str:
+    return served[0].base_url
+
+
+@pytest.fixture(scope="module")
+def http(base: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base, timeout=30) as client:
+        yield client
+
+
+def play(venv: Path, base: str, scenario: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+    spec = {"base": base, "scenario": scenario, "envs": ENVS, "headers": headers or {}}
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(PLAY), json.dumps(spec)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="module")
+def report(venv: Path, base: str) -> dict[str, Any]:
+    return play(venv, base, "episodes")
+
+
+def socket(base: str, env: str = "crafter", **kwargs: Any) -> ClientConnection:
+    return connect(base.replace("http", "ws", 1) + f"/openenv/{env}/ws", open_timeout=30, **kwargs)
+
+
+def ask(ws: ClientConnection, frame: dict[str, Any] | str | bytes) -> dict[str, Any]:
+    ws.send(frame if isinstance(frame, (str, bytes)) else json.dumps(frame))
+    return json.loads(ws.recv(timeout=30))
+
+
+def live_env_ids(http: httpx.Client) -> set[str]:
+    return {e["env_id"] for e in http.get("/env/list").json()["envs"]}
+
+
+def eventually(check: Callable[[], bool], timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, "condition not met in time"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ OpenEnv's clients, every env
+
+
+def test_every_registered_env_is_served() -> None:
+    assert set(ENVS) == set(ENVIRONMENTS)
+
+
+def test_generic_client_plays_a_whole_episode_of_every_env(report: dict[str, Any]) -> None:
+    for name, episode in report["generic"].items():
+        assert episode["done"], name
+        assert episode["reset_state"]["episode_id"] == f"generic-{name}"
+        assert episode["reset_state"]["step_count"] == 0
+        assert episode["state"]["step_count"] == episode["steps"] > 0
+        assert episode["state"]["env_name"] == name
+        assert episode["metadata"]["env_id"] == episode["state"]["env_id"]
+        assert all(isinstance(r, float) for r in episode["rewards"])
+        if ENVS[name]["config"].get("oracle"):
+            assert sum(episode["rewards"]) > 0, f"{name}: the solver's episode is a success"
+    crafter = report["generic"]["crafter"]
+    assert crafter["steps"] == ENVS["crafter"]["config"]["max_steps"]
+    assert crafter["metadata"]["truncated"] is True
+
+
+def test_typed_client_autoenv_and_mcp_tool_client(report: dict[str, Any]) -> None:
+    typed = report["typed"]
+    assert typed["done"] and typed["reward"] > 0 and typed["observation_type"] == "TextObservation"
+    assert typed["state"]["step_count"] == typed["steps"]
+    assert report["autoenv"]["client"] == "GenericEnvClient" and report["autoenv"]["done"]
+    for name, episode in report["mcp"].items():
+        assert episode["tools"] == [t["function"]["name"] for t in ENVIRONMENTS[name].tools()]
+        assert episode["input_schema"]["type"] == "object"
+        assert episode["done"], name
+        assert episode["state"]["step_count"] == episode["steps"]
+
+
+def test_two_concurrent_sessions_are_isolated(report: dict[str, Any]) -> None:
+    concurrent = report["concurrent"]
+    assert concurrent["texts"]["a"] == concurrent["alone"], "interleaving changed session a's episode"
+    assert concurrent["texts"]["b"][0] != concurrent["texts"]["a"][0]
+    a, b = concurrent["states"]["a"], concurrent["states"]["b"]
+    assert a["env_id"] != b["env_id"] and a["session_id"] != b["session_id"]
+    assert (a["episode_id"], b["episode_id"]) == ("ep-a", "ep-b")
+    assert a["step_count"] == b["step_count"] == 3
+
+
+def test_episodes_are_traced_and_envs_released(
+    report: dict[str, Any], served: tuple[ServerThread, Path], http: httpx.Client
+) -> None:
+    assert not any(e["rl_run_id"] == "openenv" for e in http.get("/env/list").json()["envs"])
+    _, trace_db = served
+    generic = report["generic"]
+
+    def traced() -> list[dict[str, Any]]:
+        with TraceReader(trace_db) as reader:
+            return [s for s in reader.sessions() if s["policy_name"] == "openenv"]
+
+    eventually(lambda: {s["env_name"] for s in traced()} == set(ENVS))
+    by_episode = {s["policy_config"]["episode_id"]: s for s in traced()}
+    for name, episode in generic.items():
+        session = by_episode[f"generic-{name}"]
+        assert session["num_turns"] == episode["steps"]
+        assert session["stop_reason"] == "episode_done"
+        assert session["total_reward"] == pytest.approx(sum(episode["rewards"]))
+        assert session["seed"] == ENVS[name]["seed"]
+
+
+def test_openenv_validate_passes_for_every_env(venv: Path, base: str) -> None:
+    for name, result in play(venv, base, "validate").items():
+        report = result["report"]
+        assert result["exit_code"] == 0 and report["passed"], (name, report["criteria"])
+        assert report["mode"] == "production" and report["target"] == f"{base}/openenv/{name}"
+
+
+# ------------------------------------------------------------- sessions are the registry's envs
+
+
+def test_state_env_id_works_with_the_http_api(base: str, http: httpx.Client) -> None:
+    with socket(base) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 5}})
+        ask(ws, {"type": "step", "data": {"actions": ["move_left", "do"]}})
+        state = ask(ws, {"type": "state"})["data"]
+        listed = {e["env_id"]: e for e in http.get("/env/list").json()["envs"]}
+        assert listed[state["env_id"]]["step_idx"] == state["step_idx"] == 2
+        snapshot = http.post("/env/snapshot", json={"env_id": state["env_id"]})
+        assert snapshot.status_code == 200, snapshot.text
+        restored = http.post("/env/restore", json={"snapshot_id": snapshot.json()["snapshot_id"]}).json()
+        assert restored["step_idx"] == 2
+        mid = ask(ws, {"type": "step", "data": {"action": "noop"}})["data"]
+        copy = http.post("/env/step", json={"env_id": restored["env_id"], "action": "noop"}).json()
+        assert copy["observation"]["text"] == mid["observation"]["text"]
+        http.post("/env/terminate", json={"env_id": restored["env_id"]})
+    eventually(lambda: state["env_id"] not in live_env_ids(http))
+
+
+def test_a_dropped_socket_removes_its_env(base: str, http: httpx.Client) -> None:
+    ws = socket(base, "textcraft")
+    env_id = ask(ws, {"type": "reset", "data": {"seed": 2}})["data"]["metadata"]["env_id"]
+    assert env_id in live_env_ids(http)
+    ws.socket.close()  # no close frame: the connection just drops
+    eventually(lambda: env_id not in live_env_ids(http))
+
+
+def test_a_config_reset_rebuilds_the_env(base: str, http: httpx.Client) -> None:
+    with socket(base) as ws:
+        first = ask(ws, {"type": "state"})["data"]["env_id"]
+        reply = ask(ws, {"type": "reset", "data": {"seed": 1, "max_steps": 3}})["data"]
+        assert reply["observation"]["text"].startswith("Step 0/3")
+        second = ask(ws, {"type": "state"})["data"]["env_id"]
+        assert second != first and first not in live_env_ids(http) and second in live_env_ids(http)
+
+
+def test_capacity_reached(venv: Path, base: str, http: httpx.Client) -> None:
+    fillers = []
+    try:
+        while len(http.get("/env/list").json()["envs"]) < MAX_ENVS:
+            ws = socket(base)
+            ask(ws, {"type": "state"})
+            fillers.append(ws)
+        with socket(base) as refused:
+            error = json.loads(refused.recv(timeout=30))
+            assert error["type"] == "error" and error["data"]["code"] == "CAPACITY_REACHED"
+            assert error["data"]["max_sessions"] == error["data"]["active_sessions"] == MAX_ENVS
+            with pytest.raises(ConnectionClosed):
+                refused.recv(timeout=30)
+            assert refused.close_code == 1013
+        assert "CAPACITY_REACHED" in play(venv, base, "capacity")["error"]
+    finally:
+        for ws in fillers:
+            ws.close()
+    eventually(lambda: not any(e["rl_run_id"] == "openenv" for e in http.get("/env/list").json()["envs"]))
+    with socket(base) as ws:
+        assert ask(ws, {"type": "reset"})["type"] == "observation"
+
+
+def test_a_terminated_env_ends_the_session(base: str, http: httpx.Client) -> None:
+    with socket(base) as ws:
+        env_id = ask(ws, {"type": "state"})["data"]["env_id"]
+        assert http.post("/env/terminate", json={"env_id": env_id}).json()["existed"]
+        error = ask(ws, {"type": "step", "data": {"action": "noop"}})
+        assert error["data"]["code"] == "SESSION_ERROR" and "gone" in error["data"]["message"]
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)
+
+
+# ----------------------------------------------------------------------------------- bad frames
+
+BAD_FRAMES: list[tuple[Any, str]] = [
+    ("not json", "INVALID_JSON"),
+    ('{"type": "step", "data": {"action": NaN}}', "INVALID_JSON"),
+    (b"\xff\xfe", "INVALID_JSON"),
+    ("[1, 2]", "VALIDATION_ERROR"),
+    ({"type": "dance"}, "UNKNOWN_TYPE"),
+    ({"no": "type"}, "UNKNOWN_TYPE"),
+    ({"type": "step", "data": {}}, "VALIDATION_ERROR"),
+    ({"type": "step", "data": {"action": "x", "actions": ["y"]}}, "VALIDATION_ERROR"),
+    ({"type": "step", "data": [1]}, "VALIDATION_ERROR"),
+    ({"type": "step", "extra": 1}, "VALIDATION_ERROR"),
+    ({"type": "reset", "data": {"seed": "seven"}}, "VALIDATION_ERROR"),
+    ({"type": "reset", "data": {"seed": -1}}, "VALIDATION_ERROR"),
+    ({"type": "reset", "data": {"max_steps": 0}}, "VALIDATION_ERROR"),
+    ({"type": "reset", "data": {"no_such_option": 1}}, "VALIDATION_ERROR"),
+    ({"type": "reset", "data": {"rl_run_id": "../x"}}, "VALIDATION_ERROR"),
+    ({"type": "call_tool"}, "VALIDATION_ERROR"),
+    ({"type": "step", "data": {"action": "dance"}}, "EXECUTION_ERROR"),
+    ({"type": "call_tool", "tool_name": "fly", "arguments": {}}, "EXECUTION_ERROR"),
+    ({"type": "step", "data": {"tool_calls": [{"tool": "interact_many", "args": {}}]}}, "EXECUTION_ERROR"),
+]
+
+
+def test_bad_frames_get_openenv_error_frames_and_the_session_goes_on(base: str) -> None:
+    with socket(base) as ws:
+        reset = ask(ws, {"type": "reset", "data": {"seed": 9, "episode_id": "bad-frames"}})
+        env_id = reset["data"]["metadata"]["env_id"]
+        for frame, code in BAD_FRAMES:
+            reply = ask(ws, frame)
+            assert reply["type"] == "error" and reply["data"]["code"] == code, (frame, reply)
+            assert reply["data"]["message"]
+            if code == "VALIDATION_ERROR" and frame != "[1, 2]" and "errors" in reply["data"]:
+                assert all({"loc", "msg"} <= set(e) for e in reply["data"]["errors"])
+        state = ask(ws, {"type": "state"})["data"]
+        assert (state["env_id"], state["episode_id"], state["step_count"]) == (env_id, "bad-frames", 0)
+        assert ask(ws, {"type": "step", "data": {"action": "noop"}})["data"]["reward"] == 0.0
+
+
+def test_an_episode_over_is_an_execution_error(base: str) -> None:
+    with socket(base, "textcraft") as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 1, "oracle": True}})
+        reply: dict[str, Any] = {"data": {"done": False, "observation": {}}}
+        while not reply["data"]["done"]:
+            action = reply["data"]["observation"].get("oracle_action")
+            reply = ask(ws, {"type": "step", "data": {"action": action or "inventory"}})
+        over = ask(ws, {"type": "step", "data": {"action": "inventory"}})
+        assert over["data"]["code"] == "EXECUTION_ERROR"
+        assert ask(ws, {"type": "reset", "data": {"seed": 2}})["type"] == "observation"
+
+
+# ------------------------------------------------------------------------- MCP and the documents
+
+
+def test_mcp_json_rpc(base: str, http: httpx.Client) -> None:
+    mcp = "/openenv/textcraft/mcp"
+
+    def rpc(method: str, **params: Any) -> dict[str, Any]:
+        return http.post(mcp, json={"jsonrpc": "2.0", "id": 7, "method": method, "params": params}).json()
+
+    assert [t["name"] for t in rpc("tools/list")["result"]["tools"]] == ["act"]
+    assert rpc("initialize")["result"]["capabilities"] == {"tools": {"listChanged": False}}
+    assert rpc("tools/call", name="act", arguments={"action": "inventory"})["error"]["code"] == -32602
+    assert rpc("nope")["error"]["code"] == -32601
+    assert http.post(mcp, content=b"{").json()["error"]["code"] == -32700
+    assert http.post(mcp, json={}).json()["error"]["code"] == -32600
+    session = rpc("openenv/session/create", seed=1)["result"]["session_id"]
+    called = rpc("tools/call", name="act", arguments={"action": "inventory"}, session_id=session)["result"]
+    assert called["isError"] is False
+    assert called["data"]["observation"]["text"] == called["content"][0]["text"]
+    bad = rpc("tools/call", name="act", arguments={"action": 3.5}, session_id=session)
+    assert bad["error"]["code"] == -32000
+    attach = base.replace("http", "ws", 1) + f"/openenv/textcraft/ws?session_id={session}"
+    attached = connect(attach, open_timeout=30)
+    with attached:
+        state = ask(attached, {"type": "state"})["data"]
+        assert state["session_id"] == session and state["step_count"] == 1
+        again = connect(attach, open_timeout=30)
+        with again:
+            assert json.loads(again.recv(timeout=30))["data"]["code"] == "SESSION_ERROR"
+        over_ws = ask(attached, {"type": "mcp", "data": {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}})
+        assert over_ws["type"] == "mcp" and over_ws["data"]["result"]["tools"][0]["name"] == "act"
+    assert state["env_id"] in live_env_ids(http), "closing an attached socket keeps the MCP session"
+    closed = rpc("openenv/session/close", session_id=session)["result"]
+    assert closed == {"session_id": session, "closed": True}
+    assert state["env_id"] not in live_env_ids(http)
+    assert rpc("openenv/session/close", session_id=session)["error"]["code"] == -32602
+
+
+def test_documents(http: httpx.Client) -> None:
+    for name, cls in ENVIRONMENTS.items():
+        prefix = f"/openenv/{name}"
+        assert http.get(f"{prefix}/health").json() == {"status": "healthy"}
+        metadata = http.get(f"{prefix}/metadata").json()
+        assert (metadata["name"], metadata["description"]) == (name, cls.description)
+        assert metadata["tools"] == cls.tools()
+        schema = http.get(f"{prefix}/schema").json()
+        assert {"action", "observation", "state"} <= set(schema)
+        assert {"episode_id", "step_count", "env_id"} <= set(schema["state"]["properties"])
+        paths = http.get(f"{prefix}/openapi.json").json()["paths"]
+        assert {"/health", "/metadata", "/schema", "/mcp"} <= set(paths) and "/reset" not in paths
+
+
+def test_the_readme_recipe_runs_as_written(venv: Path, base: str, tmp_path: Path) -> None:
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Use it from OpenEnv", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(blocks) == 2
+    script = tmp_path / "readme.py"  # both blocks in one process: OpenEnv's import costs seconds
+    script.write_text("\n".join(blocks).replace("http://localhost:8000", base))
+    done = subprocess.run(
+        [str(venv / "bin" / "python"), str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "interact_many" in done.stdout and "Goal:" in done.stdout
+
+
+def test_attaching_to_another_workers_session_names_it(base: str) -> None:
+    foreign = "ffffffff-" + "0" * 32
+    with connect(
+        base.replace("http", "ws", 1) + f"/openenv/crafter/ws?session_id={foreign}", open_timeout=30
+    ) as ws:
+        error = json.loads(ws.recv(timeout=30))["data"]
+    assert error["code"] == "SESSION_ERROR" and "another worker" in error["message"]
