@@ -23,11 +23,10 @@ from grpo_service.errors import install_error_handlers
 from grpo_service.limits import BodySizeLimit
 from grpo_service.openenv import server as openenv
 from grpo_service.policies import PolicyManager
-from grpo_service.registry import INSTANCE_ID, Registry
+from grpo_service.registry import Registry
 from grpo_service.rollout import RolloutCoordinator
 from grpo_service.routes import agentgym, env, meta, policy, rollout, rollouts, training, viewer
 from grpo_service.serving.gc_tuning import serving_gc
-from grpo_service.serving.peers import PeerForwarder, PeerRouter
 from grpo_service.snapshots import SnapshotService, load_signing_key
 from grpo_service.tracing.traces import TraceSink
 from inference import ClientPool
@@ -108,30 +107,27 @@ def create_app(
     """Build the task app. ``tracer`` (a `TraceSink` with async ``start``/``close``) overrides
     the one ``settings.trace_db`` would create."""
     settings = settings or Settings()
-    if tracer is None and settings.trace_db is not None:
+    cluster = None
+    if settings.ray_address is not None:  # the hosts hold the live objects; the cluster traces
+        from grpo_service.cluster.cluster import Cluster
+
+        cluster = Cluster(settings)
+    elif tracer is None and settings.trace_db is not None:
         from grpo_service.tracing import TraceWriter
 
         tracer = TraceWriter(settings.trace_db, queue_size=settings.trace_queue_size)
     services = build_services(settings, store, tracer)
-    if settings.training_enabled:
+    if settings.training_enabled and cluster is None:  # through Ray, jobs run on a host
         from grpo_service.training_service import TrainingService
 
         services.training = TrainingService.from_settings(settings)
-    forwarder = (
-        PeerForwarder(
-            INSTANCE_ID,
-            settings.worker_peers,
-            settings.peer_timeout_s,
-            str(settings.worker_loads_file) if settings.worker_loads_file else None,
-        )
-        if settings.worker_peers
-        else None
-    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if tracer is not None and hasattr(tracer, "start"):
             await tracer.start()
+        if cluster is not None:
+            await cluster.start()
         reaper = asyncio.create_task(_reaper(services))
         try:
             with serving_gc():
@@ -143,8 +139,8 @@ def create_app(
             await services.client_pool.aclose()
             if services.training is not None:
                 await asyncio.to_thread(services.training.close)
-            if forwarder is not None:
-                await forwarder.aclose()
+            if cluster is not None:
+                await cluster.close()
             if tracer is not None and hasattr(tracer, "close"):
                 await tracer.close()
 
@@ -166,9 +162,11 @@ def create_app(
         app.include_router(training.router)
     document_security(app)
     # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing
-    # unauthenticated is read, parsed or forwarded), the body size, and the worker router.
-    if forwarder is not None:
-        app.add_middleware(PeerRouter, forwarder=forwarder)
+    # unauthenticated is read, parsed or forwarded), the body size, and the Ray hosts' router.
+    if cluster is not None:
+        from grpo_service.cluster.router import ClusterRouter
+
+        app.add_middleware(ClusterRouter, cluster=cluster)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(APIKeyGate, fastapi_app=app)
     if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"

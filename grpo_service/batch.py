@@ -134,6 +134,13 @@ async def run_batch(req: BatchRolloutsRequest, services: Services) -> BatchRollo
                 return BatchRolloutResult(id=idx, error=f"{type(exc).__name__}: {exc}")
 
     results = list(await asyncio.gather(*(one(idx) for idx in req.ids)))
+    return batch_response(req, results, time.monotonic() - started)
+
+
+def batch_response(
+    req: BatchRolloutsRequest, results: list[BatchRolloutResult], wall_s: float
+) -> BatchRolloutsResponse:
+    """The batch's answer from its results (in the order of ``req.ids``)."""
     scores = [r.score for r in results if r.error is None and r.score is not None]
     finished = [r for r in results if r.error is None]
     return BatchRolloutsResponse(
@@ -144,7 +151,7 @@ async def run_batch(req: BatchRolloutsRequest, services: Services) -> BatchRollo
         failed=len(results) - len(finished),
         mean_score=statistics.fmean(scores) if scores else None,
         success_rate=(sum(r.success for r in finished) / len(finished)) if finished else None,
-        wall_time_s=round(time.monotonic() - started, 6),
+        wall_time_s=round(wall_s, 6),
     )
 
 
@@ -164,7 +171,9 @@ def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
         success=bool(last_info.get("success", False)),
         rounds=len(steps),
         invalid_rounds=sum(1 for s in steps if s.decision_error is not None),
-        conversation=conversation(response.trace or {}, final),
+        conversation=conversation(
+            response.trace or {}, final, {s.turn: s.feedback for s in steps if s.feedback is not None}
+        ),
         turns=turns if has_tokens else None,
         stop_reason=response.stop_reason,
         run_id=response.run_id,
@@ -172,9 +181,12 @@ def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
     )
 
 
-def conversation(trace: dict[str, Any], final: dict[str, Any] | None) -> list[dict[str, Any]]:
+def conversation(
+    trace: dict[str, Any], final: dict[str, Any] | None, feedback: dict[int, str]
+) -> list[dict[str, Any]]:
     """The chat as the model saw it: the first request's messages, then each reply and the
-    environment's answer (a user turn; ``tool`` messages after a reply that called tools)."""
+    environment's answer (a user turn; ``tool`` messages after a reply that called tools), or
+    for an invalid reply the ``feedback`` (by turn) the model was given."""
     turns = trace.get("turns") or []
     if not turns or not turns[0].get("messages"):
         return []
@@ -186,8 +198,8 @@ def conversation(trace: dict[str, Any], final: dict[str, Any] | None) -> list[di
         if reply.get("tool_calls"):
             assistant["tool_calls"] = reply["tool_calls"]
         messages.append(assistant)
-        if turn.get("feedback") is not None:  # an invalid reply, answered by the service
-            answer = turn["feedback"]
+        if turn.get("turn") in feedback:  # an invalid reply, answered by the service
+            answer = feedback[turn["turn"]]
         elif i + 1 < len(turns):
             answer = (turns[i + 1].get("messages") or [{}])[-1].get("content")
         elif turn.get("reward") is not None and final is not None:

@@ -63,24 +63,38 @@ class Settings(BaseSettings):
     max_group_size: int = Field(default=256, ge=1)
     env_threads: int = Field(default=8, ge=1, description="Worker threads for CPU-bound env calls.")
 
-    workers: int = Field(
-        default=1,
+    ray_address: str | None = Field(
+        default=None,
+        description="Serve through a Ray cluster: a cluster address (host:port) to join, `auto` "
+        "(join the running one, else start a local one) or `local` (start a private local "
+        "cluster). Unset: one embedded process, and Ray is never imported.",
+    )
+    ray_hosts: int = Field(
+        default=0,
         ge=0,
-        description="Server processes sharing the port (0: one per CPU). Each owns the envs and "
-        "policies it creates; a request for another worker's id is forwarded to it.",
+        description="Ray hosts (actors holding live envs, policies and runs); 0: one per "
+        "RAY_HOST_CPUS of the cluster. Hosts already running in the namespace count.",
     )
-    worker_peers: dict[str, str] = Field(
-        default_factory=dict,
-        description="Set by the worker supervisor: every worker's instance tag and loopback URL.",
+    ray_host_cpus: float = Field(default=1.0, ge=0, description="CPUs Ray reserves for each host.")
+    ray_namespace: str = Field(
+        default="grpo-service",
+        min_length=1,
+        max_length=64,
+        description="Ray namespace of the hosts: fronts in one namespace serve the same hosts.",
     )
-    worker_loads_file: Path | None = Field(
-        default=None, description="Set by the worker supervisor: the shared rollout counts of the workers."
+    ray_keep_hosts: bool = Field(
+        default=False,
+        description="Hosts outlive the front that started them (detached actors), for several "
+        "fronts on one cluster; by default they end with it.",
     )
-    peer_timeout_s: float = Field(
+    ray_start_timeout_s: float = Field(
+        default=120.0, gt=0, description="Longest wait for Ray and the hosts at startup."
+    )
+    host_timeout_s: float = Field(
         default=86_460.0,
         gt=0,
-        description="Longest wait for a forwarded request: the longest rollout a request may ask "
-        "for (safety.max_time_s <= 86,400 s) plus a minute. The owner's own deadlines end it sooner.",
+        description="Longest wait for a Ray host's answer: the longest rollout a request may ask "
+        "for (safety.max_time_s <= 86,400 s) plus a minute. The host's own deadlines end it sooner.",
     )
 
     inference_timeout_s: float = Field(default=120.0, gt=0)
@@ -125,7 +139,7 @@ class Settings(BaseSettings):
 
     def as_environment(self) -> dict[str, str]:
         """The settings as environment variables, for a child process that rebuilds them
-        (uvicorn's reloader, the worker supervisor's workers)."""
+        (uvicorn's reloader)."""
         out: dict[str, str] = {}
         for name, value in self.model_dump().items():
             if value is None:

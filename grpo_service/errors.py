@@ -73,6 +73,14 @@ class WrongInstance(ServiceError, status=421, code="wrong_instance"):
     """An id issued by another replica of the service (421 Misdirected Request; see decisions.md)."""
 
 
+class HostLost(ServiceError, status=410, code="host_lost"):
+    """The Ray host that held the id is gone (its node or process died): its live objects are lost."""
+
+
+class HostUnavailable(ServiceError, status=503, code="host_unavailable"):
+    """The Ray host that holds the id does not answer now (or no host is left to place work on)."""
+
+
 _PLUGIN_STATUS: list[tuple[type[PluginError], int, str]] = [
     (InvalidAction, 400, "invalid_action"),
     (InvalidConfig, 422, "invalid_config"),
@@ -89,11 +97,12 @@ ERROR_MEANINGS: dict[int, str] = {
     401: "Missing or wrong API key (only when ENVIRONMENT_API_KEY is set)",
     404: "Unknown id: never issued, terminated, or expired after the idle TTL",
     409: "The episode is over, or the env/policy/run is in use by a running rollout",
+    410: "The Ray host that held the id is lost, and its live envs, policies and runs with it",
     413: "Request body larger than MAX_REQUEST_BYTES",
-    421: "The id belongs to another worker or replica of the service",
+    421: "The id belongs to another replica of the service",
     422: "Malformed request, invalid config or snapshot",
     429: "At capacity: retry after the Retry-After header's seconds",
-    503: "Unavailable here (e.g. training without the train extra installed)",
+    503: "Unavailable here (training without the train extra installed; a Ray host not answering)",
 }
 
 

@@ -127,13 +127,17 @@ class Health(BaseModel):
     status: Literal["healthy"] = Field(description="Always `healthy` when the service answers.")
     version: str = Field(description="grpo-service's version.")
     instance: str = Field(
-        description="This process's tag: the prefix of the env, policy and run ids it issues."
+        description="This process's tag: the prefix of the env, policy and run ids it issues "
+        "(through Ray, each host's tag prefixes its ids)."
     )
-    workers: int = Field(description="Server processes behind this port (`serve --workers`).")
+    workers: int = Field(description="Processes holding live objects: 1 embedded, else the live Ray hosts.")
+    lost_hosts: list[str] = Field(
+        default_factory=list, description="Ray hosts found dead: their envs, policies and runs are gone."
+    )
     uptime_s: float = Field(description="Seconds since this process started serving.")
-    envs: int = Field(description="Live envs in this process.")
-    policies: int = Field(description="Live policies in this process.")
-    runs_active: int = Field(description="Running rollouts in this process.")
+    envs: int = Field(description="Live envs (of every Ray host when served through Ray).")
+    policies: int = Field(description="Live policies (of every Ray host).")
+    runs_active: int = Field(description="Running rollouts (of every Ray host).")
     capacity: dict[str, int] = Field(description="`max_envs`, `max_policies`, `max_active_runs`.")
     tracing: dict[str, int] | None = Field(
         default=None,
@@ -846,7 +850,10 @@ class GroupTree(BaseModel):
     continuations_not_started: int = Field(
         description="Admitted continuations that never ran (their root ended before the fork turn)."
     )
-    fork_s: float = Field(description="Seconds spent copying envs and policies for forks.")
+    fork_s: float = Field(
+        description="Seconds during which the group was reading or copying env and policy states for "
+        "forks (forks that overlapped counted once)."
+    )
 
 
 class GroupMetrics(BaseModel):

@@ -23,9 +23,9 @@ from grpo_service.errors import CapacityExceeded, NotFound, WrongInstance
 from grpo_service.models import RunStatus
 
 # Every process tags the env, policy and run ids it issues with its instance, so that a request
-# reaching another replica (Modal does not route by id) gets a clear 421 instead of a misleading
-# 404, and so that a multi-worker server can forward it to the worker that owns the id
-# (`grpo_service.serving.peers`). The worker supervisor chooses each worker's tag (GRPO_INSTANCE_ID).
+# reaching another replica gets a clear 421 instead of a misleading 404, and so that the front of
+# a Ray cluster finds the host of an id by its tag (`grpo_service.cluster`), which sets each
+# host's tag (GRPO_INSTANCE_ID).
 INSTANCE_ENV_VAR = "GRPO_INSTANCE_ID"
 INSTANCE_TAG = re.compile(r"^[0-9a-f]{8}$")
 # An issued id, its instance tag captured; a group member's run id is its group's id + ".{index}".

@@ -32,7 +32,7 @@ class TrainingService:
             threads_per_job=settings.training_threads_per_job,
             model_exists=models.exists,
             plugins=tuple(settings.training_plugins),
-            new_job_id=new_instance_id,  # `serve --workers`: a job's requests reach its worker
+            new_job_id=new_instance_id,  # tagged like every live object's id
         )
         return cls(runner, models)
 

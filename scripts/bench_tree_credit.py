@@ -79,11 +79,12 @@ def run(args: argparse.Namespace) -> None:
     out: Path = args.out / args.mode
     out.mkdir(parents=True, exist_ok=True)
     engine = ModelEngine(sft, served_name="tiny", max_batch_rows=32)
+    own = out / f"seeds-{'-'.join(map(str, args.seeds))}"  # processes running other seeds beside this one
     with ServerThread(create_model_app(engine), name="model-server") as model_server:
         settings = Settings(
             _env_file=None,
-            state_dir=out / "state",
-            trace_db=out / "traces.db",
+            state_dir=own / "state",
+            trace_db=own / "traces.db",
             vllm_base_url=model_server.base_url,
             snapshot_secret="bench-" + "x" * 32,
         )

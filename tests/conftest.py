@@ -55,14 +55,74 @@ def fake(module_fake: FakeInferenceServer) -> FakeInferenceServer:
     return module_fake
 
 
+# ------------------------------------------------------------- served through Ray
+
+SERVINGS = ("embedded", "ray")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "through_ray: run the module's server tests embedded and through Ray")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A module marked ``through_ray`` runs every test that starts a server twice: embedded,
+    and with the front of a local Ray cluster of two hosts (one cluster for the session)."""
+    if metafunc.definition.get_closest_marker("through_ray") and "serving" in metafunc.fixturenames:
+        metafunc.parametrize("serving", SERVINGS, indirect=True)
+
+
 @pytest.fixture
-def start_server(tmp_path: Path) -> Iterator[Callable[..., ServerThread]]:
+def serving(request: pytest.FixtureRequest) -> str:
+    """How test servers are served: ``embedded`` unless the module is marked ``through_ray``."""
+    mode = getattr(request, "param", "embedded")
+    if mode == "ray":
+        request.getfixturevalue("ray_local")
+    return mode
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """One local Ray cluster for the whole session, this process its driver."""
+    import tempfile
+
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths fit in 107 bytes
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        object_store_memory=100_000_000,
+        log_to_driver=False,
+        configure_logging=False,
+        _temp_dir=temp,
+    )
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        import shutil
+
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def served_settings(tmp_path: Path, serving: str, **overrides: Any) -> Settings:
+    """Test settings; through Ray, a front of two hosts in a namespace of its own."""
+    if serving == "ray":
+        import secrets
+
+        ray = {"ray_address": "auto", "ray_hosts": 2, "ray_host_cpus": 0.0}
+        overrides = {**ray, "ray_namespace": f"test-{secrets.token_hex(4)}", **overrides}
+    return make_settings(tmp_path, **overrides)
+
+
+@pytest.fixture
+def start_server(tmp_path: Path, serving: str) -> Iterator[Callable[..., ServerThread]]:
     """Factory: start a task-app server with settings overrides; all are stopped at teardown."""
     servers: list[ServerThread] = []
 
     def start(**overrides: Any) -> ServerThread:
-        settings = make_settings(tmp_path, **overrides)
-        server = ServerThread(create_app(settings), name="task-app").start()
+        settings = served_settings(tmp_path, serving, **overrides)
+        server = ServerThread(create_app(settings), name="task-app").start(timeout_s=60)
         servers.append(server)
         return server
 

@@ -76,6 +76,10 @@ class ToyWordsEnv(Environment[PluginConfig]):
     def actions_from_tool_calls(self, tool_calls: Sequence[dict[str, Any]]) -> list[str | int]:
         return [str(a) for call in tool_calls for a in call.get("args", {}).get("actions", [])] or [""]
 
+    @classmethod
+    def tools(cls) -> list[dict[str, Any]]:
+        return [TOOL]
+
     @property
     def step_idx(self) -> int:
         return self._steps

@@ -1,9 +1,10 @@
 """Plays the task app's envs with OpenEnv 0.10's own, unmodified clients; run by the tests with
 the OpenEnv venv's Python (`tests/openenv_venv.py`), never imported by pytest.
 
-``python openenv_play.py SPEC_JSON`` prints one JSON report. SPEC: ``base`` (the server's URL),
-``scenario`` (``episodes`` or ``capacity``), ``envs`` (name → ``seed`` and reset ``config``) and
-``headers`` (sent on every connection, e.g. the API key)."""
+``python openenv_play.py SPEC_JSON`` prints one JSON report; with ``--serve`` it reads one SPEC
+per line and answers each with a line. SPEC: ``base`` (the server's URL), ``scenario`` (one of
+`SCENARIOS`), ``envs`` (name → ``seed`` and reset ``config``), ``headers`` (sent on every
+connection, e.g. the API key) and, for ``code``, the ``code`` to run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import contextlib
 import io
 import json
 import sys
+import traceback
 from typing import Any
 
 from openenv import AutoEnv
@@ -214,12 +216,38 @@ async def validate(spec: dict[str, Any]) -> dict[str, Any]:
     return reports
 
 
+async def run_code(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run ``spec["code"]`` (e.g. the README's recipe) and report what it printed."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        await asyncio.to_thread(exec, compile(spec["code"], "<recipe>", "exec"), {"__name__": "__recipe__"})
+    return {"stdout": out.getvalue()}
+
+
+SCENARIOS = {
+    "episodes": episodes,
+    "capacity": capacity,
+    "validate": validate,
+    "auth": auth,
+    "code": run_code,
+}
+
+
+def report(spec: dict[str, Any]) -> str:
+    return json.dumps(asyncio.run(SCENARIOS[spec["scenario"]](spec)), default=str)
+
+
 def main() -> None:
-    spec = json.loads(sys.argv[1])
-    scenario = {"episodes": episodes, "capacity": capacity, "validate": validate, "auth": auth}[
-        spec["scenario"]
-    ]
-    print(json.dumps(asyncio.run(scenario(spec)), default=str))
+    """``SPEC_JSON``: one report; ``--serve``: a report per line of input until it ends."""
+    if sys.argv[1] != "--serve":
+        print(report(json.loads(sys.argv[1])))
+        return
+    for line in sys.stdin:
+        try:
+            answer = report(json.loads(line))
+        except Exception:
+            answer = json.dumps({"driver_error": traceback.format_exc()})
+        print(answer, flush=True)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,16 @@ at the same time wait for one build (a file lock, under a deadline).
 
 from __future__ import annotations
 
+import concurrent.futures
 import fcntl
+import json
 import os
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 OPENENV = "openenv==0.10.0"
 VENV = Path(os.environ.get("OPENENV_VENV", Path.home() / ".cache" / "grpo-service" / "openenv-0.10.0"))
@@ -49,3 +52,47 @@ def openenv_venv() -> Path:
             )
             marker.write_text(OPENENV + "\n")
     return VENV
+
+
+class OpenEnvDriver:
+    """``tests/openenv_play.py --serve`` in OpenEnv's venv, kept running for a test module: each
+    `play` sends one spec and waits (under a deadline) for its JSON report, so OpenEnv's imports,
+    seconds of CPU, are paid once per module instead of once per scenario."""
+
+    def __init__(self) -> None:
+        python = openenv_venv() / "bin" / "python"
+        self.proc = subprocess.Popen(
+            [str(python), str(Path(__file__).with_name("openenv_play.py")), "--serve"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self._pool = concurrent.futures.ThreadPoolExecutor(1)
+
+    def play(self, spec: dict[str, Any], timeout_s: float = 300.0) -> dict[str, Any]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+        line = self._pool.submit(self.proc.stdout.readline).result(timeout=timeout_s)
+        if not line:
+            self.close()
+            raise RuntimeError(f"the OpenEnv driver died: {self._stderr()}")
+        report = json.loads(line)
+        if "driver_error" in report:
+            raise AssertionError(report["driver_error"])
+        return report
+
+    def _stderr(self) -> str:
+        assert self.proc.stderr is not None
+        return self.proc.stderr.read()[-4000:]
+
+    def close(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # the driver's loop ends at end of input
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=10)
+        self._pool.shutdown(wait=False, cancel_futures=True)

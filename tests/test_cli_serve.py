@@ -142,7 +142,7 @@ def test_trace_paths_and_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
         tmp_path / "t.db",
     )
     # What the reload child gets rebuilds the same settings from the environment alone.
-    settings.worker_peers = {"0a1b2c3d": "http://127.0.0.1:1234"}  # a dict field survives too
+    settings.inference_key_urls = ["http://127.0.0.1:1234"]  # a list field survives too
     for key, value in settings.as_environment().items():
         monkeypatch.setenv(key, value)
     rebuilt = Settings(_env_file=None)  # type: ignore[call-arg]

@@ -20,7 +20,7 @@ import pytest
 os.environ.setdefault("SCIWORLD_JVMS", "1")
 
 from envs import ENVIRONMENTS  # noqa: E402
-from tests.conftest import make_settings  # noqa: E402
+from tests.conftest import SERVINGS, served_settings  # noqa: E402
 from tools.server_thread import ServerThread  # noqa: E402
 
 
@@ -70,10 +70,15 @@ def test_every_registered_environment_has_a_script() -> None:
     assert set(SCRIPTS) == set(ENVIRONMENTS)
 
 
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+@pytest.fixture(scope="module", params=SERVINGS)
+def client(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[httpx.Client]:
+    """The service embedded, then served through Ray (two hosts: groups span both)."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_local")
     tmp: Path = tmp_path_factory.mktemp("contract")
-    server = ServerThread(create_app_for(tmp), name="contract").start()
+    server = ServerThread(create_app_for(tmp, request.param), name="contract").start(timeout_s=60)
     try:
         with httpx.Client(base_url=server.base_url, timeout=120) as c:
             yield c
@@ -81,10 +86,10 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
         server.stop()
 
 
-def create_app_for(tmp: Path) -> Any:
+def create_app_for(tmp: Path, serving: str = "embedded") -> Any:
     from grpo_service import create_app
 
-    return create_app(make_settings(tmp))
+    return create_app(served_settings(tmp, serving))
 
 
 def create(client: httpx.Client, name: str, script: Script) -> dict[str, Any]:

@@ -20,6 +20,8 @@ from tests.hardening import counts, start_service
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread
 
+pytestmark = pytest.mark.through_ray
+
 KEY = "sk-env-7f3a9c2e5bQx81"
 INFERENCE_KEY = "sk-inf-4d8e1a6fWq27"  # the service's default key to the LLM: rejected there
 POLICY_KEY = "sk-pol-9b2c7e4a1dZk54"  # a policy's own key in its config: rejected there too
@@ -99,6 +101,7 @@ def test_health_docs_and_schema_leak_nothing(keyed: httpx.Client) -> None:
         "version",
         "instance",
         "workers",
+        "lost_hosts",
         "uptime_s",
         "envs",
         "policies",

@@ -23,6 +23,8 @@ from tests.conftest import MODEL
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread
 
+pytestmark = pytest.mark.through_ray
+
 LLM_TIMEOUT_S = 0.5  # per attempt
 DECISION_S = 4.0  # safety.llm_timeout_s: one decision, its retries and backoffs included
 RETRIES = 2  # so at most 3 requests per decision

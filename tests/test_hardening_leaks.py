@@ -29,7 +29,7 @@ from tests.hardening import counts, rss_mb
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.through_ray]
 
 CYCLES = 10_000
 ABANDONED = 1_000

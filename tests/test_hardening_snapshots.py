@@ -27,6 +27,8 @@ from tests.hardening import counts, file_tree
 from tools.fake_server import FakeInferenceServer
 from tools.server_thread import ServerThread
 
+pytestmark = pytest.mark.through_ray
+
 SECRET = make_settings(Path("unused")).snapshot_secret.get_secret_value().encode()  # type: ignore[union-attr]
 MEMBERS = ("meta.json", "state.bin")  # the signature is in the gzip header (storage/codec.py)
 REFUSED = {"invalid_snapshot", "snapshot_not_found"}

@@ -6,9 +6,9 @@ at capacity); bad frames get OpenEnv's error frames and the session goes on; `op
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,11 +23,10 @@ from envs.base import ENVIRONMENTS
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
 from tests.conftest import make_settings
-from tests.openenv_venv import openenv_venv
+from tests.openenv_venv import OpenEnvDriver
 from tools.server_thread import ServerThread
 
 MAX_ENVS = 6
-PLAY = Path(__file__).with_name("openenv_play.py")
 # How each env is played to its end: the text games by their scripted solver (the `oracle`
 # config shows its next action), Crafter until its step cap.
 ENVS: dict[str, dict[str, Any]] = {
@@ -39,8 +38,10 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def venv() -> Path:
-    return openenv_venv()
+def driver() -> Iterator[OpenEnvDriver]:
+    openenv = OpenEnvDriver()
+    yield openenv
+    openenv.close()
 
 
 @pytest.fixture(scope="module")
@@ -63,21 +64,13 @@ def http(base: str) -> Iterator[httpx.Client]:
         yield client
 
 
-def play(venv: Path, base: str, scenario: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
-    spec = {"base": base, "scenario": scenario, "envs": ENVS, "headers": headers or {}}
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), str(PLAY), json.dumps(spec)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout)
+def play(driver: OpenEnvDriver, base: str, scenario: str, **spec: Any) -> dict[str, Any]:
+    return driver.play({"base": base, "scenario": scenario, "envs": ENVS, "headers": {}, **spec})
 
 
 @pytest.fixture(scope="module")
-def report(venv: Path, base: str) -> dict[str, Any]:
-    return play(venv, base, "episodes")
+def report(driver: OpenEnvDriver, base: str) -> dict[str, Any]:
+    return play(driver, base, "episodes")
 
 
 def socket(base: str, env: str = "crafter", **kwargs: Any) -> ClientConnection:
@@ -164,10 +157,14 @@ def test_episodes_are_traced_and_envs_released(
         assert session["stop_reason"] == "episode_done"
         assert session["total_reward"] == pytest.approx(sum(episode["rewards"]))
         assert session["seed"] == ENVS[name]["seed"]
+        if name != "sciworld":  # the viewer replays it from its seed and tool calls (a JVM spared)
+            replay = http.get(f"/viewer/api/rollouts/{session['session_id']}/replay").json()
+            assert replay["available"] and replay["divergence"] is None, replay
+            assert replay["positions"] == episode["steps"] + 1
 
 
-def test_openenv_validate_passes_for_every_env(venv: Path, base: str) -> None:
-    for name, result in play(venv, base, "validate").items():
+def test_openenv_validate_passes_for_every_env(driver: OpenEnvDriver, base: str) -> None:
+    for name, result in play(driver, base, "validate").items():
         report = result["report"]
         assert result["exit_code"] == 0 and report["passed"], (name, report["criteria"])
         assert report["mode"] == "production" and report["target"] == f"{base}/openenv/{name}"
@@ -195,11 +192,11 @@ def test_state_env_id_works_with_the_http_api(base: str, http: httpx.Client) -> 
 
 
 def test_a_dropped_socket_removes_its_env(base: str, http: httpx.Client) -> None:
-    ws = socket(base, "textcraft")
-    env_id = ask(ws, {"type": "reset", "data": {"seed": 2}})["data"]["metadata"]["env_id"]
-    assert env_id in live_env_ids(http)
-    ws.socket.close()  # no close frame: the connection just drops
-    eventually(lambda: env_id not in live_env_ids(http))
+    with socket(base, "textcraft") as ws:
+        env_id = ask(ws, {"type": "reset", "data": {"seed": 2}})["data"]["metadata"]["env_id"]
+        assert env_id in live_env_ids(http)
+        ws.socket.close()  # no close frame: the connection just drops
+        eventually(lambda: env_id not in live_env_ids(http))
 
 
 def test_a_config_reset_rebuilds_the_env(base: str, http: httpx.Client) -> None:
@@ -211,13 +208,10 @@ def test_a_config_reset_rebuilds_the_env(base: str, http: httpx.Client) -> None:
         assert second != first and first not in live_env_ids(http) and second in live_env_ids(http)
 
 
-def test_capacity_reached(venv: Path, base: str, http: httpx.Client) -> None:
-    fillers = []
-    try:
+def test_capacity_reached(driver: OpenEnvDriver, base: str, http: httpx.Client) -> None:
+    with contextlib.ExitStack() as fillers:
         while len(http.get("/env/list").json()["envs"]) < MAX_ENVS:
-            ws = socket(base)
-            ask(ws, {"type": "state"})
-            fillers.append(ws)
+            ask(fillers.enter_context(socket(base)), {"type": "state"})
         with socket(base) as refused:
             error = json.loads(refused.recv(timeout=30))
             assert error["type"] == "error" and error["data"]["code"] == "CAPACITY_REACHED"
@@ -225,10 +219,7 @@ def test_capacity_reached(venv: Path, base: str, http: httpx.Client) -> None:
             with pytest.raises(ConnectionClosed):
                 refused.recv(timeout=30)
             assert refused.close_code == 1013
-        assert "CAPACITY_REACHED" in play(venv, base, "capacity")["error"]
-    finally:
-        for ws in fillers:
-            ws.close()
+        assert "CAPACITY_REACHED" in play(driver, base, "capacity")["error"]
     eventually(lambda: not any(e["rl_run_id"] == "openenv" for e in http.get("/env/list").json()["envs"]))
     with socket(base) as ws:
         assert ask(ws, {"type": "reset"})["type"] == "observation"
@@ -348,18 +339,14 @@ def test_documents(http: httpx.Client) -> None:
         assert {"/health", "/metadata", "/schema", "/mcp"} <= set(paths) and "/reset" not in paths
 
 
-def test_the_readme_recipe_runs_as_written(venv: Path, base: str, tmp_path: Path) -> None:
+def test_the_readme_recipe_runs_as_written(driver: OpenEnvDriver, base: str) -> None:
     readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Use it from OpenEnv", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert len(blocks) == 2
-    script = tmp_path / "readme.py"  # both blocks in one process: OpenEnv's import costs seconds
-    script.write_text("\n".join(blocks).replace("http://localhost:8000", base))
-    done = subprocess.run(
-        [str(venv / "bin" / "python"), str(script)], capture_output=True, text=True, timeout=120
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "interact_many" in done.stdout and "Goal:" in done.stdout
+    code = "\n".join(blocks).replace("http://localhost:8000", base)
+    printed = play(driver, base, "code", code=code)["stdout"]
+    assert "interact_many" in printed and "Goal:" in printed
 
 
 def test_attaching_to_another_workers_session_names_it(base: str) -> None:

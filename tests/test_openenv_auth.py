@@ -15,7 +15,7 @@ from websockets.sync.client import connect
 
 from grpo_service import create_app
 from tests.conftest import make_settings
-from tests.openenv_venv import openenv_venv
+from tests.openenv_venv import OpenEnvDriver
 from tests.test_openenv import ask, play
 from tools.server_thread import ServerThread
 
@@ -66,7 +66,11 @@ def test_mcp_needs_the_key_and_the_documents_do_not(base: str) -> None:
 
 
 def test_openenv_client_sends_the_key_through_headers(base: str) -> None:
-    result = play(openenv_venv(), base, "auth", headers={"X-API-Key": KEY})
+    driver = OpenEnvDriver()
+    try:
+        result = play(driver, base, "auth", headers={"X-API-Key": KEY})
+    finally:
+        driver.close()
     assert result["with_key"].startswith("Inventory")
     assert "401" in result["without_key"]
 

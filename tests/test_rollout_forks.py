@@ -185,3 +185,6 @@ def test_the_trace_and_the_viewer_show_the_tree(client: httpx.Client) -> None:
     assert fork["value"] == pytest.approx((from_turn_2 + sum(kids)) / 3, abs=1e-6)
     assert by_index[2]["advantage"] == pytest.approx(kids[0] - fork["value"], abs=1e-6)
     assert root["fork_turn"] is None
+    # The viewer replays a continuation from its parent's turns before the fork: no divergence.
+    replay = client.get(f"/viewer/api/rollouts/{by_index[3]['session_id']}/replay").json()
+    assert replay["available"] and replay["divergence"] is None and replay["checked"] == 2

@@ -128,7 +128,7 @@ def test_invalid_replies_are_answered_and_the_episode_goes_on(start_server) -> N
     assert (
         turns[3]["messages"][-1]["role"] == "tool" and turns[3]["messages"][-1]["content"] == bad["feedback"]
     )
-    assert turns[1]["feedback"] == no_call["feedback"]
+    assert turns[1]["error"] == "no_tool_call"
 
 
 def test_time_limit_and_abort(start_server) -> None:

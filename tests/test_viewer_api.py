@@ -308,25 +308,26 @@ def test_a_query_past_its_deadline_is_a_clear_4xx(tmp_path: Path, monkeypatch: p
         server.stop()
 
 
-async def test_workers_never_forward_viewer_requests_even_for_a_worker_s_group_id() -> None:
-    """Every worker serves /viewer from the trace DB they share; group ids carry a worker's tag,
-    and forwarding them would fail once that worker has restarted."""
-    from grpo_service.serving.peers import PeerRouter
+async def test_a_ray_front_serves_the_viewer_itself_even_for_a_host_s_group_id() -> None:
+    """Through Ray, the front serves /viewer from the trace DB on its node; group ids carry a
+    host's tag, and sending them to that host would fail once it is lost."""
+    pytest.importorskip("ray")
+    from grpo_service.cluster.router import ClusterRouter
 
     served: list[str] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         served.append(scope["path"])
 
-    class NoForwarding:
-        def owner(self, path: str, body: bytes) -> str:
-            raise AssertionError(f"{path} would be forwarded")
+    class NoHosts:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the viewer request reached the cluster ({name})")
 
     async def receive() -> dict[str, Any]:
         return {"type": "http.request", "body": b"", "more_body": False}
 
     path = f"/viewer/api/groups/{new_instance_id()}"
-    router = PeerRouter(app, NoForwarding())  # type: ignore[arg-type]
+    router = ClusterRouter(app, NoHosts())  # type: ignore[arg-type]
     await router({"type": "http", "path": path, "headers": []}, receive, None)  # type: ignore[arg-type]
     assert served == [path]
 

@@ -62,12 +62,28 @@ def serve_command(
     insecure: Annotated[
         bool, typer.Option("--insecure", help="Allow a non-loopback bind without ENVIRONMENT_API_KEY.")
     ] = False,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            help="Serve through Ray: a cluster ADDRESS to join, 'auto' (join the running cluster, "
+            "else start a local one) or 'local' (default: RAY_ADDRESS, else one embedded process).",
+        ),
+    ] = None,
+    ray_hosts: Annotated[
+        int | None,
+        typer.Option(
+            "--ray-hosts",
+            min=0,
+            help="Ray hosts holding live envs, 0 for one per CPU (default: RAY_HOSTS or 0).",
+        ),
+    ] = None,
     workers: Annotated[
         int | None,
         typer.Option(
             min=0,
-            help="Server processes sharing the port, 0 for one per CPU (default: WORKERS or 1). "
-            "Each owns the envs it creates; requests for another's ids are forwarded to it.",
+            help="Shorthand for --ray local --ray-hosts N: a local Ray cluster of N hosts, 0 for one "
+            "per CPU (needs the ray extra); 1 is one embedded process.",
         ),
     ] = None,
 ) -> None:
@@ -82,7 +98,8 @@ def serve_command(
         port=port,
         trace_db=db,
         allow_insecure=True if insecure else None,
-        workers=workers,
+        ray_address="local" if workers not in (None, 1) and ray is None else ray,
+        ray_hosts=workers if ray_hosts is None else ray_hosts,
     )
     from grpo_service.auth import check_bind_safety
 
@@ -98,10 +115,9 @@ def serve_command(
             "every route but /health answers 401 without it"
         )
     console.print(f"[bold]Serving[/] on http://{settings.host}:{settings.port}  (API docs: /docs)")
-    if settings.workers != 1:
-        from grpo_service.serving.workers import resolve_workers
-
-        console.print(f"[bold]Workers[/]: {resolve_workers(settings.workers)} processes")
+    if settings.ray_address is not None:
+        hosts = settings.ray_hosts or "one per CPU of the"
+        console.print(f"[bold]Ray[/]: {hosts} hosts on the cluster {settings.ray_address!r}")
     from grpo_service.serving.server import serve
 
     if reload:

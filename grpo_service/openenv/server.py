@@ -205,7 +205,10 @@ async def websocket_session(websocket: WebSocket, sessions: Sessions) -> None:
         try:
             check_key(websocket, expected)
         except Unauthorized as exc:
-            await websocket.send_denial_response(JSONResponse(error_body(exc.code, exc.message), 401))
+            if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                await websocket.send_denial_response(JSONResponse(error_body(exc.code, exc.message), 401))
+            else:  # a server without ASGI's denial response: the handshake fails with a 403
+                await websocket.close(1008, exc.message)
             return
     await websocket.accept()
     attach_to = websocket.query_params.get("session_id")

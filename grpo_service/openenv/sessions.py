@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from envs.base import StepResult, environment_class
+from envs.base import Environment, StepResult, environment_class
 from envs.errors import InvalidConfig, PluginError
 from grpo_service.deps import Services
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
@@ -219,7 +219,10 @@ class Sessions:
         result = await self._call(self.services.envs.step(handle.id, **args))
         env_ms = (time.perf_counter() - started) * 1000
         session.step_count += 1
-        session.recorder.record(before, args, result, env_ms)
+        tool_calls = args.get("tool_calls") or as_tool_calls(
+            environment_class(self.env_name), args["actions"]
+        )
+        session.recorder.record(before, tool_calls, result, env_ms)
         if result.done:
             self._submit(session, "episode_done")
         return self.observation(session, result, result.reward)
@@ -305,6 +308,18 @@ class Sessions:
         recorder.decisions = []
         if trace is not None and tracer is not None:
             tracer.submit(trace)
+
+
+def as_tool_calls(cls: type[Environment], actions: list[Any]) -> list[dict[str, Any]]:
+    """Plain actions as calls of the env's tool: one call with all of them if its tool takes an
+    ``actions`` list (Crafter's ``interact_many``), else a call per action (``act``)."""
+    tools = cls.tools()
+    if not tools:
+        return []
+    function = tools[0]["function"]
+    if "actions" in function.get("parameters", {}).get("properties", {}):
+        return [{"tool": function["name"], "args": {"actions": list(actions)}}]
+    return [{"tool": function["name"], "args": {"action": action}} for action in actions]
 
 
 def tool_result(data: dict[str, Any]) -> dict[str, Any]:

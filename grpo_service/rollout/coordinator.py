@@ -69,8 +69,10 @@ class RolloutCoordinator:
         run = self._register_rollout(req)
         return _in_background(run, self._run_registered(run, req))
 
-    async def group(self, req: RolloutGroupRequest) -> RolloutGroupResponse:
-        run = self._register_group(req)
+    async def group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RolloutGroupResponse:
+        """The group, or only its members ``members`` (a share of a group spread over Ray hosts;
+        a group with a fork plan is never spread)."""
+        run = self._register_group(req, members)
         return await self._run_group(run, req)
 
     def start_group(self, req: RolloutGroupRequest) -> RunHandle:
@@ -191,7 +193,7 @@ class RolloutCoordinator:
 
     # ------------------------------------------------------------------------------- groups
 
-    def _register_group(self, req: RolloutGroupRequest) -> RunHandle:
+    def _register_group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RunHandle:
         """The group's run and its members' runs, admitted together or not at all (a group that
         took the slots its members need later would leave them half-registered for good)."""
         if req.group_size > self.settings.max_group_size:
@@ -206,11 +208,12 @@ class RolloutCoordinator:
         if req.fork is not None:
             admit_tree(req, self.settings, self.registry)
         group_id = req.group_id or new_instance_id()
-        member_ids = [f"{group_id}.{i}" for i in range(req.tree_size())]
+        indices = range(req.tree_size()) if members is None or req.fork is not None else members
+        member_ids = [f"{group_id}.{i}" for i in indices]
         self.runs.admit([group_id, *member_ids])
         member_ops = len(_member_request(req, "x", None).op_list())
         # A continuation's ops are known when it forks; until then, the most it may play.
-        ops = [member_ops if i < req.group_size else member_ops - 2 for i in range(len(member_ids))]
+        ops = [member_ops if i < req.group_size else member_ops - 2 for i in indices]
         run = self.runs.add(group_id, "group", sum(ops), req.rl_run_id)
         run.member_ids = member_ids
         run.member_runs = [
@@ -223,7 +226,7 @@ class RolloutCoordinator:
         started = time.monotonic()
         members_runs = run.member_runs
         try:
-            start_envs = await self._group_start_envs(req)
+            start_envs = await self._group_start_envs(req, min(req.group_size, len(members_runs)))
         except BaseException as exc:
             for member in members_runs:
                 self.runs.fail(member, exc, prefix="the group could not start: ")
@@ -235,33 +238,15 @@ class RolloutCoordinator:
             members = list(
                 await asyncio.gather(
                     *(
-                        self.play_member(run.member_runs[i], req, Membership(run.id, i, env))
-                        for i, env in enumerate(start_envs)
+                        self.play_member(member, req, Membership(run.id, member_index(member.id), env))
+                        for member, env in zip(members_runs, start_envs, strict=True)
                     )
                 )
             )
         else:
             forking = ForkingGroup(self, run, req, deadline=started + req.safety.max_time_s)
             members, tree = await forking.play(start_envs)
-        returns = [m.result.metrics.mean_return if m.result else None for m in members]
-        valid = [r for r in returns[: req.group_size] if r is not None and math.isfinite(r)]
-        response = RolloutGroupResponse(
-            group_id=run.id,
-            members=members,
-            tree=tree,
-            metrics=GroupMetrics(
-                returns=returns,
-                mean_return=statistics.fmean(valid) if valid else None,
-                std_return=statistics.pstdev(valid) if valid else None,
-                completed=sum(1 for m in members if m.status == "completed"),
-                failed=sum(1 for m in members if m.status == "failed"),
-                wall_time_s=round(time.monotonic() - started, 6),
-                llm_calls_without_tokens=sum(
-                    m.result.metrics.llm_calls_without_tokens for m in members if m.result
-                ),
-            ),
-            warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
-        )
+        response = group_response(run.id, members, time.monotonic() - started, req.group_size, tree)
         # The group's own counters: its members' totals (live, /run/status sums the members).
         run.ops_executed = sum(m.ops_executed for m in members_runs)
         run.llm_s = sum(m.llm_s for m in members_runs)
@@ -282,11 +267,11 @@ class RolloutCoordinator:
             return GroupMember(group_index=index, run_id=run.id, status="failed", error=error_message(exc))
         return GroupMember(group_index=index, run_id=run.id, status=result.status, result=result)
 
-    async def _group_start_envs(self, req: RolloutGroupRequest) -> list[EnvHandle]:
-        """G identical starting envs: G resets of one seed, or G restores of one snapshot."""
+    async def _group_start_envs(self, req: RolloutGroupRequest, count: int) -> list[EnvHandle]:
+        """``count`` identical starting envs: resets of one seed, or restores of one snapshot."""
         spec = req.env
         if spec.snapshot_id is not None:
-            envs = await self.envs.restore_many(spec.snapshot_id, req.group_size)
+            envs = await self.envs.restore_many(spec.snapshot_id, count)
             if req.fork is not None:  # the snapshot's plug-in is known only now
                 try:
                     check_forkable(type(envs[0].env))
@@ -296,9 +281,38 @@ class RolloutCoordinator:
                     raise
             return envs
         assert spec.env_name is not None
-        return await self.envs.create_many(
-            spec.env_name, spec.config, spec.seed, req.rl_run_id, req.group_size
-        )
+        return await self.envs.create_many(spec.env_name, spec.config, spec.seed, req.rl_run_id, count)
+
+
+def member_index(member_id: str) -> int:
+    """A group member's index, from its run id ``{group_id}.{index}``."""
+    return int(member_id.rsplit(".", 1)[1])
+
+
+def group_response(
+    group_id: str, members: list[GroupMember], wall_s: float, group_size: int, tree: Any = None
+) -> RolloutGroupResponse:
+    """A group's answer from its members (in index order): the GRPO returns (of the
+    ``group_size`` first members; fork continuations follow them) and their statistics."""
+    returns = [m.result.metrics.mean_return if m.result else None for m in members]
+    valid = [r for r in returns[:group_size] if r is not None and math.isfinite(r)]
+    return RolloutGroupResponse(
+        group_id=group_id,
+        members=members,
+        tree=tree,
+        metrics=GroupMetrics(
+            returns=returns,
+            mean_return=statistics.fmean(valid) if valid else None,
+            std_return=statistics.pstdev(valid) if valid else None,
+            completed=sum(1 for m in members if m.status == "completed"),
+            failed=sum(1 for m in members if m.status == "failed"),
+            wall_time_s=round(wall_s, 6),
+            llm_calls_without_tokens=sum(
+                m.result.metrics.llm_calls_without_tokens for m in members if m.result
+            ),
+        ),
+        warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
+    )
 
 
 def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) -> RolloutRequest:

@@ -85,6 +85,26 @@ def surprisal(result: RolloutResponse | None, turn: int) -> float | None:
     return None
 
 
+class BusyClock:
+    """Seconds during which at least one timed block ran: concurrent forks counted once, so that
+    forks per busy second is a throughput."""
+
+    def __init__(self) -> None:
+        self.busy_s = 0.0
+        self._running = 0
+        self._since = 0.0
+
+    def __enter__(self) -> None:
+        if self._running == 0:
+            self._since = time.monotonic()
+        self._running += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self._running -= 1
+        if self._running == 0:
+            self.busy_s += time.monotonic() - self._since
+
+
 class ForkingGroup:
     """Plays one forking group for a `RolloutCoordinator` (its registered run and request)."""
 
@@ -101,7 +121,7 @@ class ForkingGroup:
         self.forks: list[ForkNode] = []
         self.continuations: list[asyncio.Task[list[GroupMember]]] = []
         self.started: set[int] = set()
-        self.fork_s = 0.0
+        self.clock = BusyClock()
         self.member_runs = list(run.member_runs)  # by index; the group's own list drops unstarted ones
 
     def children(self, root: int, slot: int) -> list[int]:
@@ -124,7 +144,7 @@ class ForkingGroup:
             turns_played=played,
             turns_shared=shared,
             continuations_not_started=self.req.tree_size() - len(roots) - len(self.started),
-            fork_s=round(self.fork_s, 6),
+            fork_s=round(self.clock.busy_s, 6),
         )
         return members, tree
 
@@ -152,11 +172,10 @@ class ForkingGroup:
             self.captures[root][turn] = await self._capture(root, loop, turn)
 
     async def _capture(self, root: int, loop: EpisodeLoop, turn: int) -> Capture:
-        started = time.monotonic()
         assert loop.policy is not None
-        env_state = await self.coordinator.envs.state_of(loop.env)
-        policy_state = await self.coordinator.policies.state_of(loop.policy)
-        self.fork_s += time.monotonic() - started
+        with self.clock:
+            env_state = await self.coordinator.envs.state_of(loop.env)
+            policy_state = await self.coordinator.policies.state_of(loop.policy)
         return Capture(root, turn, loop.env, loop.policy, env_state, policy_state)
 
     def _fork_by_rule(self, root: int, result: RolloutResponse) -> None:
@@ -177,17 +196,9 @@ class ForkingGroup:
     async def _continue(self, capture: Capture, indices: list[int]) -> list[GroupMember]:
         """Copy the captured state once per continuation and play them all."""
         coordinator = self.coordinator
-        started = time.monotonic()
         try:
-            envs = await coordinator.envs.copies(capture.env, capture.env_state, len(indices))
-            try:
-                offsets = [i - capture.root if self.req.vary_policy_seed else 0 for i in indices]
-                payloads = [coordinator.policies.with_seed(capture.policy_state, o) for o in offsets]
-                policies = await coordinator.policies.copies(capture.policy, payloads, [e.id for e in envs])
-            except BaseException:
-                for env in envs:
-                    await coordinator.envs.discard(env)
-                raise
+            with self.clock:
+                envs, policies = await self._copy(capture, indices)
         except Exception as exc:  # e.g. the env table filled up meanwhile: these members fail
             runs = [self.member_runs[i] for i in indices]
             for run in runs:
@@ -196,7 +207,6 @@ class ForkingGroup:
                 GroupMember(group_index=i, run_id=r.id, status="failed", error=error_message(exc))
                 for i, r in zip(indices, runs, strict=True)
             ]
-        self.fork_s += time.monotonic() - started
         members = [
             Membership(
                 self.run.id,
@@ -211,6 +221,19 @@ class ForkingGroup:
         ]
         plays = (coordinator.play_member(self.member_runs[m.group_index], self.req, m) for m in members)
         return list(await asyncio.gather(*plays))
+
+    async def _copy(self, capture: Capture, indices: list[int]) -> tuple[list[EnvHandle], list[PolicyHandle]]:
+        """One env and one policy per continuation, from the captured states: all, or none."""
+        envs = await self.coordinator.envs.copies(capture.env, capture.env_state, len(indices))
+        policies = self.coordinator.policies
+        try:
+            offsets = [i - capture.root if self.req.vary_policy_seed else 0 for i in indices]
+            payloads = [policies.with_seed(capture.policy_state, o) for o in offsets]
+            return envs, await policies.copies(capture.policy, payloads, [e.id for e in envs])
+        except BaseException:
+            for env in envs:
+                await self.coordinator.envs.discard(env)
+            raise
 
     def _release_unstarted(self, root: int) -> None:
         """Give back the run slots of the continuations ``root`` will never start."""

@@ -14,7 +14,7 @@ required here too (401 in the service's own shape).
 
 Where AgentGym's servers crash (``/commands`` and ``/goal`` of TextCraft call methods its
 wrapper lacks; closing an unknown SciWorld id is a 500), these answer sensibly instead.
-Ids are per process: serve with one worker (``--workers 1``) when AgentGym's client is used.
+Ids are per process: served through Ray, every AgentGym session lives on one host (the first).
 """
 
 from __future__ import annotations

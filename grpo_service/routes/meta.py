@@ -68,7 +68,7 @@ async def health(services: ServicesDep) -> Health:
         status="healthy",
         version=__version__,
         instance=INSTANCE_ID,
-        workers=max(1, len(s.worker_peers)),
+        workers=1,
         uptime_s=round(time.monotonic() - services.started_at, 3),
         envs=counts["envs"],
         policies=counts["policies"],

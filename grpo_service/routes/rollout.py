@@ -27,6 +27,7 @@ from grpo_service.models import (
 )
 from grpo_service.paging import PageDep, paginate
 from grpo_service.registry import RunHandle
+from grpo_service.rollout.coordinator import member_index
 from grpo_service.routes import service_router
 
 router = service_router("rollout")
@@ -106,7 +107,7 @@ async def run_status(
         if run.kind != "group"
         else [
             RunMemberStatus(
-                group_index=int(m.id.rsplit(".", 1)[1]),
+                group_index=member_index(m.id),
                 run_id=m.id,
                 status=m.status,
                 ops_executed=m.ops_executed,
@@ -150,13 +151,15 @@ def run_summary(run: RunHandle, ops_executed: int) -> RunSummary:
     )
 
 
+def listed_run(run: RunHandle) -> RunSummary:
+    """A run as ``/run/list`` shows it (a running group's progress: its members' sums)."""
+    return run_summary(run, _progress(run, run.member_runs)[0])
+
+
 @router.get("/run/list", response_model=RunList, responses=error_responses(422))
 async def run_list(page: PageDep, services: ServicesDep) -> RunList:
     """Running and recently finished rollouts and groups of this process (filter by ``rl_run_id``).
     A group's members are listed as runs of their own (``{group_id}.{index}``)."""
 
-    def summary(run: RunHandle) -> RunSummary:
-        return run_summary(run, _progress(run, run.member_runs)[0])
-
-    listed = paginate(services.registry.runs, page, lambda r: r.rl_run_id, summary)
+    listed = paginate(services.registry.runs, page, lambda r: r.rl_run_id, listed_run)
     return RunList(runs=listed.pop("items"), **listed)

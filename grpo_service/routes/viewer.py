@@ -208,8 +208,9 @@ def _replay(source: ViewerSource, session_id: str) -> tuple[tuple[str, str], Rep
         with runs.open_trace_db(db) as conn:
             s = runs.session(conn, session_id)
             steps = runs.replay_steps(conn, session_id)
+            prefix = runs.replay_prefix(conn, session_id)
         config = s.get("env_config")
-        return Replay(s["env_name"], config if isinstance(config, dict) else {}, s["seed"], steps)
+        return Replay(s["env_name"], config if isinstance(config, dict) else {}, s["seed"], steps, prefix)
 
     return key, source.replays.replay(key, build)
 

@@ -1,2 +1,2 @@
-"""Serving the app: uvicorn for one process (`server`), and ``serve --workers N``: a supervisor
-and its worker processes (`workers`) and the routing of requests between them (`peers`)."""
+"""Serving the app with uvicorn (`server`): one embedded process, or the front of a Ray cluster
+(`grpo_service.cluster`) when RAY_ADDRESS is set."""

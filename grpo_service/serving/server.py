@@ -7,16 +7,27 @@ import uvicorn
 from grpo_service.auth import check_bind_safety
 from grpo_service.config import Settings
 
+RAY_MISSING = (
+    "serving through Ray needs Ray: pip install 'grpo-service[ray]' (or pip install 'ray==2.60.0'); "
+    "without it, serve one process (no --ray, no --workers)"
+)
+
+
+def check_ray_installed(settings: Settings) -> None:
+    if settings.ray_address is None:
+        return
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise SystemExit(RAY_MISSING) from None
+
 
 def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app") -> None:
     check_bind_safety(settings.host, settings.environment_api_key is not None, settings.allow_insecure)
-    if settings.workers != 1:
-        if reload:
-            raise SystemExit("--reload serves one process: it cannot be combined with --workers")
-        from grpo_service.serving.workers import serve_workers
-
-        raise SystemExit(serve_workers(settings))
+    check_ray_installed(settings)
     if reload:
+        if settings.ray_address is not None:
+            raise SystemExit("--reload serves one process: it cannot be combined with --ray or --workers")
         # Reload needs an import string; the child process rebuilds Settings from the environment.
         uvicorn.run(app_path, host=settings.host, port=settings.port, reload=True)
         return

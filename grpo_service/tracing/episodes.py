@@ -1,7 +1,7 @@
 """Episodes that a client plays step by step (OpenEnv's WebSocket, TRL through it): each one is
 handed to the trace sink as a `RolloutTrace`, so it lands in the trace DB and the viewer like a
-rollout the service played itself. The client is the policy: its decisions carry the actions or
-tool calls it sent and no LLM call."""
+rollout the service played itself. The client is the policy: its decisions carry the tool calls
+that executed its steps (plain actions as the env's own tool) and no LLM call."""
 
 from __future__ import annotations
 
@@ -35,20 +35,15 @@ class EpisodeRecorder:
     decisions: list[DecisionTrace] = field(default_factory=list)
 
     def record(
-        self, observation: dict[str, Any], sent: dict[str, Any], result: StepResult, env_ms: float
+        self, observation: dict[str, Any], tool_calls: list[dict[str, Any]], result: StepResult, env_ms: float
     ) -> None:
-        """One step: the ``observation`` it was taken from, what the client ``sent`` (the
-        `EnvManager.step` arguments) and the env's ``result``."""
-        tool_calls = sent.get("tool_calls")
-        decision = PolicyDecision(
-            tool_calls=list(tool_calls) if tool_calls is not None else [],
-            meta={} if tool_calls is not None else {"actions": list(sent.get("actions") or [])},
-        )
+        """One step: the ``observation`` it was taken from, the ``tool_calls`` that executed it
+        (the viewer replays a trace from its tool calls) and the env's ``result``."""
         self.decisions.append(
             DecisionTrace(
                 turn=len(self.decisions),
                 observation=observation,
-                decision=decision,
+                decision=PolicyDecision(tool_calls=tool_calls),
                 result=result,
                 env_ms=env_ms,
             )

@@ -82,18 +82,26 @@ class TraceRows:
         return sum(len(rows) for rows in self.tables.values())
 
 
+def _message_key(message: dict[str, Any], source: str) -> Any:
+    """What identifies a message: its plain role and text when that is all it has (most of a
+    prompt, replayed each turn: no JSON encoding), else its canonical JSON."""
+    if len(message) == 2 and type(message.get("role")) is str and type(message.get("content")) is str:
+        return (source, message["role"], message["content"])
+    return f"{source}:{canonical(message)}"
+
+
 class _Messages:
     """A session's distinct messages: a message seen again in a later prompt is stored once."""
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
-        self.index: dict[str, int] = {}
+        self.index: dict[Any, int] = {}
         self.rows: list[tuple[Any, ...]] = []
 
     def add(self, message: Any, turn: int, source: str) -> int:
         if not isinstance(message, dict):
             message = {"role": "", "$content": message}
-        key = f"{source}:{canonical(message)}"
+        key = _message_key(message, source)
         found = self.index.get(key)
         if found is not None:
             return found

@@ -50,7 +50,6 @@ class RolloutTrace:
                     "response": call.response if call else None,
                     "tool_calls": d.decision.tool_calls,
                     "error": d.decision.error,
-                    "feedback": d.feedback,
                     "reward": d.result.reward if d.result else None,
                     "done": d.result.done if d.result else None,
                     "achievements_unlocked": (

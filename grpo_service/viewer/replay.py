@@ -6,6 +6,8 @@ play it again exactly as the service did (``create(config, seed)``, ``reset()``,
 pass checks every recorded observation, reward and end flag against the replay and names the
 first turn that differs; frames (`Environment.render_frame`) are drawn on demand afterwards.
 
+A fork's continuation replays its parent's turns before the fork first (``prefix``), then its own.
+
 Positions: position ``i`` is the state the policy saw at turn ``i``; one more position after
 the last executed step shows the final state. A replay keeps a live env at its cursor and a
 checkpoint (``get_state()``) every `CHECKPOINT_EVERY` positions, so stepping forward costs one
@@ -88,6 +90,9 @@ class Replay:
     env_config: dict[str, Any]
     seed: int | None
     steps: list[dict[str, Any]]  # `runs.replay_steps` rows
+    prefix: list[dict[str, Any]] = field(default_factory=list)
+    """A fork's continuation: its parent's turns before the fork (`runs.replay_prefix`), played
+    first to reach the state it was copied from."""
     status: ReplayStatus = field(init=False)
     _env: Environment | None = field(default=None, init=False)
     _cursor: int = field(default=-1, init=False)
@@ -225,7 +230,11 @@ class Replay:
 
     def _fresh(self, cls: type[Environment]) -> tuple[Environment, StepResult]:
         env = cls.create(self.env_config, self.seed)
-        return env, env.reset(None)
+        result = env.reset(None)
+        for step in self.prefix:
+            if step["env"] is not None:  # an answered invalid turn took no env step
+                result = self._step(env, step)
+        return env, result
 
     @staticmethod
     def _step(env: Environment, step: dict[str, Any]) -> Any:

@@ -490,6 +490,31 @@ def replay_steps(conn: sqlite3.Connection, session_id: str) -> list[dict[str, An
     ]
 
 
+def replay_prefix(conn: sqlite3.Connection, session_id: str) -> list[dict[str, Any]]:
+    """A fork's continuation starts mid-episode from a copy of its parent: the `replay_steps` its
+    parent played before the fork turn (after the parent's own prefix), which a replay plays first
+    to reach that state. Empty for a rollout that is no continuation."""
+    if "fork_turn" not in _columns(conn, "sessions"):
+        return []
+    row = conn.execute(
+        "SELECT group_id, parent_index, fork_turn FROM sessions WHERE session_id = ?", (session_id,)
+    ).fetchone()
+    if row is None or row["parent_index"] is None:
+        return []
+    parent = conn.execute(
+        "SELECT session_id FROM sessions WHERE group_id = ? AND group_index = ?",
+        (row["group_id"], row["parent_index"]),
+    ).fetchone()
+    if parent is None:
+        raise NotFound(
+            f"rollout {session_id} continues member {row['parent_index']} of group {row['group_id']}, "
+            "which is not in this trace DB",
+            code="unknown_parent",
+        )
+    own = [s for s in replay_steps(conn, parent["session_id"]) if s["turn"] < row["fork_turn"]]
+    return replay_prefix(conn, parent["session_id"]) + own
+
+
 # ------------------------------------------------------------------------------------ groups
 
 

@@ -33,11 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         from grpo_service import Settings, create_app
 
         settings = Settings(_env_file=None, **json.loads(args.settings))  # type: ignore[call-arg]
-        if settings.workers != 1:
-            from grpo_service.serving.workers import serve_workers
-
-            raise SystemExit(serve_workers(settings, sock=socket.socket(fileno=args.fd), log_level="warning"))
-        _serve(create_app(settings), args.fd)
+        _serve(create_app(settings), args.fd)  # with RAY_ADDRESS: the front of a Ray cluster
     else:
         from tools.fake_server import FakeConfig, create_fake_app
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -15,9 +16,23 @@ from typing import Any
 
 import psutil
 
-from grpo_service.serving.workers import BALANCED_REUSEPORT, bind
-
 HOST = "127.0.0.1"
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
 
 
 def pin(pid: int, cpus: set[int] | None) -> None:
@@ -49,8 +64,7 @@ class ChildServer:
         return self.proc.pid
 
     def start(self) -> ChildServer:
-        # reuse_port lets a multi-worker service add one balanced listener per worker.
-        sock = bind(HOST, 0, reuse_port=BALANCED_REUSEPORT)
+        sock = bind(HOST, 0)
         self.port = sock.getsockname()[1]
         fd = sock.fileno()
         os.set_inheritable(fd, True)

@@ -17,9 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from grpo_service.serving.workers import cpu_count
 from tools.bench import inproc, served
-from tools.bench.procs import ChildServer, pin
+from tools.bench.procs import ChildServer, cpu_count, pin
 
 FAKE_MODEL = "fake-model"
 LLM_LATENCY_S = 0.2
@@ -63,7 +62,10 @@ class Figure:
     higher_is_better: bool = True
 
 
-WORKERS_NOTE = "server: one worker process per CPU (serve --workers 0), sharing the CPUs with the harness"
+WORKERS_NOTE = (
+    "server: a front and one Ray host per CPU (serve --workers 0: a local Ray cluster), sharing the "
+    "CPUs with the harness"
+)
 ONE_WORKER_NOTE = "one server process pinned to one CPU, the harness on the others"
 
 FIGURES: tuple[Figure, ...] = (
@@ -100,8 +102,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "rollout_traced_steps_per_s",
         "steps/s",
-        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every worker writes every rollout "
-        "to one SQLite file)",
+        "as rollout_steps_per_s, with tracing on (Settings.trace_db: every host sends every rollout "
+        "to the cluster's one SQLite writer)",
     ),
     Figure(
         "llm_bound",
@@ -126,6 +128,21 @@ FIGURES: tuple[Figure, ...] = (
     Figure("branch16_p50_ms", "ms", "POST /branch of one env into 16 children, median", False),
     Figure("branch16_p99_ms", "ms", "POST /branch into 16 children, 99th percentile", False),
     Figure("rss_per_env_kb", "KiB", "server RSS growth per live env, 1,000 envs created over HTTP", False),
+    Figure(
+        "forks_per_s",
+        "forks/s",
+        "fork points per second of fork work (env and policy states read, copies restored and "
+        "registered) in a forking /rollout/group: 4 Crafter roots, 8 turns, a fork every turn into 4, "
+        "200 ms fake LLM; " + ONE_WORKER_NOTE,
+    ),
+    Figure("fork_copies_per_s", "copies/s", "env+policy copies per second of fork work, the same group"),
+    Figure(
+        "rss_per_live_fork_kb",
+        "KiB",
+        "server RSS growth per member alive (roots and copies) at the most members alive at once, "
+        "the same group",
+        False,
+    ),
 )
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
 
@@ -286,11 +303,11 @@ class Bench:
         self.samples = Samples()
         self.servers: list[ChildServer] = []
         self.notes: list[str] = []
-        self.workers = cpu_count()  # workers of each multi-worker server (serve --workers 0)
+        self.workers = cpu_count()  # Ray hosts of each multi-host server (serve --workers 0)
 
     def _service(self, name: str, fake_url: str, *, workers: int = 1, **settings: Any) -> ChildServer:
-        """A task-app server: one process pinned to the service CPU, or ``workers=0`` (one
-        worker per CPU, unpinned, as ``serve --workers 0`` runs)."""
+        """A task-app server: one process pinned to the service CPU, or ``workers=0``: the front
+        of a local Ray cluster of one host per CPU, unpinned, as ``serve --workers 0`` runs."""
         payload = {
             "state_dir": str(self.workdir / name / "state"),
             "snapshot_secret": "bench-secret-" + "x" * 32,
@@ -298,7 +315,7 @@ class Bench:
             "vllm_base_url": fake_url,
             "reaper_interval_s": 3600.0,
             "inference_max_retries": 0,
-            "workers": workers,
+            **({} if workers == 1 else {"ray_address": "local", "ray_hosts": workers or self.workers}),
             **settings,
         }
         cpus = self.layout.service if workers == 1 else None
@@ -340,7 +357,7 @@ class Bench:
         if trace_problem:
             self.samples.skipped["rollout_traced_steps_per_s"] = trace_problem
             self.notes.append(f"rollout_traced_steps_per_s skipped: {trace_problem}")
-        self.log(f"layout: {self.layout.describe()}; multi-worker servers: {self.workers} workers, unpinned")
+        self.log(f"layout: {self.layout.describe()}; multi-host servers: {self.workers} Ray hosts, unpinned")
         try:
             fake0 = self._fake("fake-0ms", 0.0)
             fake200 = self._fake("fake-200ms", LLM_LATENCY_S)
@@ -358,11 +375,11 @@ class Bench:
                 server.wait_ready()
             group_seeds = list(range(101, 101 + max(1, plan.llm_rollouts // plan.group_size)))
             with pinned(self.layout.harness):
-                for server in servers:  # every worker caches the worlds it will play
-                    workers = 1 if server is one else self.workers
-                    asyncio.run(served.warm_worlds(server.base_url, [7], workers=workers))
+                for server in servers:  # every host caches the worlds it will play
+                    hosts = 1 if server is one else self.workers
+                    asyncio.run(served.warm_worlds(server.base_url, [7], hosts=hosts))
                     asyncio.run(
-                        served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, workers=workers)
+                        served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, hosts=hosts)
                     )
                     self._warm_up_groups(server, (fake0, fake200), group_seeds)
             for rep in range(plan.repeats):
@@ -372,7 +389,7 @@ class Bench:
                     self._served(many, fake0, fake200, group_seeds, traced=traced)
                     self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
                     self._fake_alone(fake200)
-                    self._latencies(one)
+                    self._latencies(one, fake200)
             self.log("live-env memory (fresh server)")
             self._memory(fake0.base_url)
         finally:
@@ -473,7 +490,7 @@ class Bench:
         self.samples.add("llm_bound_ideal", plan.llm_rollouts / LLM_LATENCY_S)
         self.samples.add("llm_bound_fake_alone", self._timed("llm_bound_fake_alone", alone))
 
-    def _latencies(self, svc: ChildServer) -> None:
+    def _latencies(self, svc: ChildServer, fake200: ChildServer) -> None:
         plan, add = self.plan, self.samples.add
         snap = self._timed(
             "snapshot/restore", lambda: asyncio.run(served.snapshot_restore(svc.base_url, plan.snapshots, 11))
@@ -484,6 +501,10 @@ class Bench:
             "branch16", lambda: asyncio.run(served.branch16(svc.base_url, plan.branches, 11))
         )
         for key, value in branch.items():
+            add(key, value)
+        fork = served.fork_group(svc.base_url, fake200.base_url, svc.rss_bytes, 11)
+        forks = self._timed("fork_group", lambda: asyncio.run(fork))
+        for key, value in forks.items():
             add(key, value)
 
     def _groups(
@@ -603,7 +624,7 @@ class Bench:
                 "fake_actions_per_call": list(self.plan.actions_per_call),
                 "rollout_steps_per_decision": statistics.median(spd) if spd else None,
                 "load_generator": "this process, asyncio + raw HTTP/1.1 keep-alive sockets",
-                "multi_worker_servers": f"{self.workers} workers each (serve --workers 0), unpinned",
+                "multi_host_servers": f"{self.workers} Ray hosts each (serve --workers 0), unpinned",
                 "http_request": '{"env_id": ..., "action": "<random name>"}; full response parsed',
                 "statistic": "median over repeats; spread = [min, max]; ratios = median of per-repeat ratios",
             },

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from envs.crafter.actions import ACTIONS as ACTION_NAMES
@@ -32,38 +33,15 @@ async def create_env(client: RawClient, seed: int) -> str:
     return body["env_id"]
 
 
-async def worker_connections(base_url: str, workers: int, attempts: int = 256) -> list[RawClient]:
-    """One connection to each of a server's ``workers`` worker processes (a connection stays
-    with the worker that accepted it; /health names it)."""
-    found: dict[str, RawClient] = {}
-    spare: list[RawClient] = []
-    try:
-        for _ in range(attempts):
-            if len(found) == workers:
-                break
-            client = await RawClient(HOST, _port(base_url)).connect()
-            instance = (await client.get_json("/health"))["instance"]
-            if instance in found:
-                spare.append(client)
-            else:
-                found[instance] = client
-        if len(found) < workers:
-            raise RuntimeError(f"reached {len(found)} of {workers} workers in {attempts} connections")
-    finally:
-        for client in spare:
-            await client.close()
-    return list(found.values())
-
-
-async def warm_worlds(base_url: str, seeds: list[int], episodes: int = 1, *, workers: int = 1) -> None:
-    """Generate (and cache in every worker of the server) the worlds of the first ``episodes``
+async def warm_worlds(base_url: str, seeds: list[int], episodes: int = 1, *, hosts: int = 1) -> None:
+    """Generate (and cache in every host of the server) the worlds of the first ``episodes``
     episodes of ``seeds``, outside any timing: a rollout that dies and resets then finds its
-    next world cached, as a trainer replaying its seeds would. World generation has its own
-    figure."""
-    for client in await worker_connections(base_url, workers):
-        async with client:
-            for seed in seeds:
-                env_id = await create_env(client, seed)
+    next world cached, as a trainer replaying its seeds would. Through Ray, ``hosts`` envs of a
+    seed alive at once are placed one per host. World generation has its own figure."""
+    async with await RawClient(HOST, _port(base_url)).connect() as client:
+        for seed in seeds:
+            env_ids = [await create_env(client, seed) for _ in range(hosts)]
+            for env_id in env_ids:
                 for _ in range(episodes - 1):
                     await client.post_json("/env/reset", {"env_id": env_id})
                 await client.post_json("/env/terminate", {"env_id": env_id})
@@ -76,8 +54,7 @@ async def http_steps_per_s(base_url: str, clients: int, seconds: float, seed: in
     """``clients`` keep-alive connections, each stepping its own env with one random action per
     request (``{"env_id", "action"}``; the full response with the text observation is read and
     parsed). A finished episode is reset to the same seed (not counted). Steps completed in the
-    window / window. With several workers, each client's env lives in the worker that accepted
-    its connection."""
+    window / window. Through Ray, the clients' envs are spread over the hosts."""
     conns = [await RawClient(HOST, _port(base_url)).connect() for _ in range(clients)]
     env_ids = [await create_env(conns[i], seed) for i in range(clients)]
     count = 0
@@ -149,7 +126,7 @@ async def rollout_groups(
     """``rollouts // group_size`` concurrent ``/rollout/group`` requests (one connection each,
     default recording: trajectories with observations), the crafter-react policy against the
     fake at ``inference_url``. Wall time runs from the first request to the last response.
-    With several workers, the server places each group on the least loaded one."""
+    Through Ray, each group's members are spread over the hosts."""
     groups = rollouts // group_size
     conns = [await RawClient(HOST, _port(base_url)).connect() for _ in range(groups)]
 
@@ -248,6 +225,49 @@ async def branch16(base_url: str, count: int, seed: int, children: int = 16) -> 
                 await client.post_json("/env/terminate", {"env_id": kid})
         await client.post_json("/env/terminate", {"env_id": env_id})
     return {"branch16_p50_ms": _percentile(times, 0.5), "branch16_p99_ms": _percentile(times, 0.99)}
+
+
+async def fork_group(
+    base_url: str,
+    inference_url: str,
+    rss_bytes: Callable[[], int],
+    seed: int,
+    *,
+    roots: int = 4,
+    turns: int = 8,
+    continuations: int = 4,
+) -> dict[str, float]:
+    """One forking ``/rollout/group`` (started, then polled): ``roots`` Crafter roots forked at every
+    turn into ``continuations`` copies, against the fake at ``inference_url``. Forks and copies
+    per second of the group's fork work (``tree.fork_s``: reading the states, restoring and
+    registering the copies), and the server's RSS growth per member alive, sampled while it plays
+    (the most members alive at once)."""
+    body = {
+        "group_size": roots,
+        "env": {"env_name": "crafter", "seed": seed},
+        "policy": {"policy_name": "crafter-react", "config": {"inference_url": inference_url}},
+        "max_turns": turns,
+        "fork": {"every": 1, "continuations": continuations},
+        "record": {"logprobs": False},
+        "safety": {"max_time_s": 600},
+    }
+    async with RawClient(HOST, _port(base_url)) as client:
+        before = rss_bytes()
+        started = await client.post_json("/rollout/group/start", body)
+        live_peak, growth_at_peak = 0, 0
+        while (status := await client.get_json(started["status_url"]))["status"] == "running":
+            live = sum(1 for m in status["members"] if m["status"] == "running" and m["ops_executed"] > 0)
+            if live > live_peak:
+                live_peak, growth_at_peak = live, rss_bytes() - before
+            await asyncio.sleep(0.02)
+    tree = status["result"]["tree"]
+    forks = len(tree["forks"])
+    copies = sum(len(f["children"]) for f in tree["forks"])
+    return {
+        "forks_per_s": forks / tree["fork_s"] if tree["fork_s"] else 0.0,
+        "fork_copies_per_s": copies / tree["fork_s"] if tree["fork_s"] else 0.0,
+        "rss_per_live_fork_kb": growth_at_peak / live_peak / 1024 if live_peak else 0.0,
+    }
 
 
 async def create_many(base_url: str, count: int, seeds: list[int], clients: int = 8) -> list[str]:

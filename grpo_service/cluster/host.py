@@ -1,0 +1,219 @@
+"""`Host`: one Ray actor holding live envs, policies and runs: the embedded task app, driven over Ray.
+
+A host builds the same app as ``python main.py`` (its registries, managers and coordinator) and
+answers the front's calls in its own event loop. The front sends it whole HTTP requests
+(`Host.request`): one actor call per request, so a rollout, a group part or a batch is one
+call, never one per step. Ids the host issues carry its tag (`GRPO_INSTANCE_ID`, set by the
+front), which is how any front finds the host of an id: the actor named ``grpo-host-{tag}``.
+
+Finished rollouts go to the cluster's one trace writer (`TraceSinkActor`, on the front's node);
+a request's answer leaves the host only once the traces it produced are in the writer's queue,
+so no rollout already reported is missing from the trace DB when a host dies afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from grpo_service.config import Settings
+from grpo_service.errors import ServiceError, error_body
+from grpo_service.tracing.traces import RolloutTrace
+
+HOST_PREFIX = "grpo-host-"
+TRACE_SINK_NAME = "grpo-traces"
+
+# Listings and counts the front gathers from every host (`Host.summaries`).
+LISTED = ("env", "policy", "run")
+
+Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
+
+
+def host_name(tag: str) -> str:
+    return HOST_PREFIX + tag
+
+
+class RemoteTraceSink:
+    """A host's `TraceSink`: each finished rollout is sent to the cluster's `TraceSinkActor`."""
+
+    def __init__(self, actor: Any) -> None:
+        self.actor = actor
+        self._pending: list[Any] = []
+
+    def submit(self, trace: RolloutTrace) -> None:
+        self._pending.append(self.actor.submit.remote(trace))
+
+    async def flush(self) -> None:
+        """Wait until every trace submitted so far is queued in the writer."""
+        pending, self._pending = self._pending, []
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+class TraceSinkActor:
+    """The cluster's trace writer: one SQLite DB, on the node of the front that started it."""
+
+    def __init__(self, path: str, queue_size: int) -> None:
+        from grpo_service.tracing import TraceWriter
+
+        self.writer = TraceWriter(path, queue_size=queue_size)
+
+    async def start(self) -> str:
+        await self.writer.start()
+        return str(self.writer.path)
+
+    async def submit(self, trace: RolloutTrace) -> None:
+        self.writer.submit(trace)
+
+    async def stats(self) -> dict[str, Any]:
+        return self.writer.stats()
+
+    async def close(self) -> None:
+        await self.writer.close()
+
+
+class Host:
+    """A Ray actor (async: its requests interleave like an embedded server's)."""
+
+    def __init__(self, tag: str, settings: Settings, trace_sink: Any = None) -> None:
+        from grpo_service.app import create_app
+
+        self.tag = tag
+        self.tracer = RemoteTraceSink(trace_sink) if trace_sink is not None else None
+        self.app = create_app(settings, tracer=self.tracer)
+        self.services = self.app.state.services
+        self._lifespan: contextlib.AsyncExitStack | None = None
+
+    async def start(self) -> dict[str, Any]:
+        """Run the app's startup (reaper, GC tuning); where this host runs."""
+        import ray
+
+        if self._lifespan is None:
+            stack = contextlib.AsyncExitStack()
+            await stack.enter_async_context(self.app.router.lifespan_context(self.app))
+            self._lifespan = stack
+        return {
+            "tag": self.tag,
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "training": self.services.training is not None,
+        }
+
+    async def stop(self) -> None:
+        if self._lifespan is not None:
+            stack, self._lifespan = self._lifespan, None
+            await stack.aclose()
+
+    async def request(
+        self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Answer:
+        """One HTTP request through this host's app, answered whole."""
+        answer = await call_asgi(self.app, method, path, query, headers, body)
+        if self.tracer is not None:
+            await self.tracer.flush()
+        return answer
+
+    async def group_part(self, body: bytes, members: Sequence[int]) -> Any:
+        """Members ``members`` of the group ``body`` asks for (a `RolloutGroupResponse` of
+        those members), or the error the whole group would get, as ``(status, code, detail)``."""
+        from pydantic import ValidationError
+
+        from grpo_service.models import RolloutGroupRequest
+
+        try:
+            req = RolloutGroupRequest.model_validate_json(body)
+            return await self.services.coordinator.group(req, members=list(members))
+        except ServiceError as exc:
+            return (exc.status_code, exc.code, exc.message)
+        except ValidationError as exc:  # the front checked the body: only a version skew gets here
+            return (422, "invalid_request", str(exc))
+        finally:
+            if self.tracer is not None:
+                await self.tracer.flush()
+
+    async def summaries(self, kind: str, rl_run_id: str | None) -> list[dict[str, Any]]:
+        """Every live env, policy or run of this host as its listing summary (oldest first)."""
+        from grpo_service.routes.env import env_summary
+        from grpo_service.routes.policy import policy_summary
+        from grpo_service.routes.rollout import listed_run
+
+        registry = self.services.registry
+        table, summary = {
+            "env": (registry.envs, env_summary),
+            "policy": (registry.policies, policy_summary),
+            "run": (registry.runs, listed_run),
+        }[kind]
+        return [
+            summary(h).model_dump(mode="json") for h in table if rl_run_id is None or h.rl_run_id == rl_run_id
+        ]
+
+    async def counts(self) -> dict[str, int]:
+        """Live envs, policies, active runs and training jobs of this host."""
+        training = self.services.training
+        return {
+            **self.services.registry.counts(),
+            "active_jobs": len(training.runner.active()) if training else 0,
+            "loaded_models": training.models.loaded_count() if training else 0,
+        }
+
+
+async def call_asgi(
+    app: Any,
+    method: str,
+    path: str,
+    query: bytes,
+    headers: list[tuple[bytes, bytes]],
+    body: bytes,
+    scope_extra: dict[str, Any] | None = None,
+) -> Answer:
+    """Run one request through an ASGI app in this event loop and collect its whole answer."""
+    status, out_headers, chunks = 500, [], []
+    received = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal received
+        if not received:
+            received = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the front's client never disconnects from here
+        raise AssertionError("unreachable")
+
+    async def send(message: dict[str, Any]) -> None:
+        nonlocal status, out_headers
+        if message["type"] == "http.response.start":
+            status, out_headers = message["status"], list(message.get("headers", []))
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": query,
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 0),
+        "server": ("127.0.0.1", 0),
+        "state": {},
+        **(scope_extra or {}),
+    }
+    try:
+        await app(scope, receive, send)
+    except ServiceError as exc:  # raised by middleware outside the error handlers
+        return exc.status_code, [(b"content-type", b"application/json")], _error_json(exc.code, exc.message)
+    return status, out_headers, b"".join(chunks)
+
+
+def _error_json(code: str, detail: str) -> bytes:
+    import json
+
+    return json.dumps(error_body(code, detail)).encode()

@@ -1,0 +1,133 @@
+"""Served through Ray: a real cluster of two nodes on loopback, and what a lost node leaves working.
+
+Two ``ray start`` nodes (one CPU each, so each holds one host), a ``grpo-service serve --ray``
+front joined to them, envs on both hosts, a group spanning both; then node B's whole process
+tree is killed while the group plays. Everything waits with a deadline; the nodes are killed
+at the end whatever happens. About 40 s.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import Served
+from tools.fake_server import FakeInferenceServer
+from tools.ray_cluster import RayCluster
+
+pytest.importorskip("ray")
+
+RAY_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_USAGE_STATS_ENABLED")
+
+
+def post(base: str, path: str, body: dict, timeout: float = 30) -> httpx.Response:
+    return httpx.post(base + path, json=body, timeout=timeout)
+
+
+def tag_of(some_id: str) -> str:
+    return some_id.split("-", 1)[0]
+
+
+def test_a_lost_node_answers_410_or_503_and_the_rest_keeps_working(
+    serve: Callable[..., Served],
+    fake_llm: FakeInferenceServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with RayCluster(tmp_path) as cluster:
+        cluster.add_node("head", cpus=1, resources={"nodeA": 1})
+        node_b = cluster.add_node("b", cpus=1, resources={"nodeB": 1})
+        for key in RAY_ENV:
+            monkeypatch.setenv(key, cluster.environ[key])
+        served = serve("--ray", cluster.address, "--ray-hosts", "2", "--trace", "traces", wait_s=120)
+        base = served.base_url
+        health = httpx.get(base + "/health", timeout=10).json()
+        assert health["workers"] == 2 and health["lost_hosts"] == []
+        (victim,) = node_b.pids_with_env("GRPO_INSTANCE_ID")  # the host Ray placed on node B
+
+        envs: dict[str, list[str]] = {}
+        for seed in range(4):  # placed in turn: two on each host
+            r = post(base, "/env/create", {"env_name": "crafter", "seed": seed})
+            assert r.status_code == 200, r.text
+            envs.setdefault(tag_of(r.json()["env_id"]), []).append(r.json()["env_id"])
+        assert len(envs) == 2 and victim in envs
+        survivor = next(tag for tag in envs if tag != victim)
+        on_b, on_a = envs[victim][0], envs[survivor][0]
+        for env_id in (on_a, on_b):
+            assert post(base, "/env/step", {"env_id": env_id, "action": "noop"}).status_code == 200
+        snapshot = post(base, "/env/snapshot", {"env_id": on_b}).json()["snapshot_id"]
+        reported = [f"traced-{i}" for i in range(6)]  # client-chosen ids: hashed over both hosts
+        for run_id in reported:
+            body = {"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}}
+            r = post(base, "/rollout", {**body, "max_turns": 3, "run_id": run_id})
+            assert r.status_code == 200, r.text
+        assert httpx.get(base + "/run/status/traced-0", timeout=10).json()["status"] == "completed"
+
+        # A group of 4 spans both hosts (two members each) and is playing when node B dies.
+        original = fake_llm.state.config
+        fake_llm.set_config(original.model_copy(update={"latency_s": 0.2}))
+        group: list[httpx.Response] = []
+        body = {
+            "group_size": 4,
+            "env": {"env_name": "crafter", "seed": 3},
+            "policy": {"policy_name": "crafter-react", "config": {"inference_url": fake_llm.base_url}},
+            "max_turns": 25,
+        }
+        player = threading.Thread(
+            target=lambda: group.append(post(base, "/rollout/group", body, timeout=120))
+        )
+        try:
+            player.start()
+            time.sleep(2.0)
+            node_b.kill()
+            player.join(90)
+        finally:
+            fake_llm.set_config(original)
+        assert not player.is_alive() and group[0].status_code == 200, group and group[0].text
+        members = group[0].json()["members"]
+        failed = [m for m in members if m["status"] == "failed"]
+        assert len(failed) == 2 and all(victim in m["error"] for m in failed), members
+        assert all(m["status"] == "completed" for m in members if m not in failed)
+
+        # The lost host's envs answer 503 (unreachable), then 410 (known dead), naming it, fast.
+        deadline = time.monotonic() + 30
+        codes: list[int] = []
+        while 410 not in codes:
+            started = time.monotonic()
+            r = post(base, "/env/step", {"env_id": on_b, "action": "noop"})
+            assert time.monotonic() - started < 15
+            assert r.status_code in (410, 503) and victim in r.json()["detail"], r.text
+            codes.append(r.status_code)
+            assert time.monotonic() < deadline, codes
+            time.sleep(0.2)
+        assert r.json()["code"] == "host_lost"
+
+        # Everything else works: the survivor's envs, its snapshot restored there, new work.
+        assert post(base, "/env/step", {"env_id": on_a, "action": "noop"}).status_code == 200
+        restored = post(base, "/env/restore", {"snapshot_id": snapshot})
+        assert restored.status_code == 200 and tag_of(restored.json()["env_id"]) == survivor, restored.text
+        assert restored.json()["step_idx"] == 1
+        again = post(base, "/rollout/group", {**body, "group_size": 2, "max_turns": 3}, timeout=60)
+        assert again.status_code == 200 and again.json()["metrics"]["completed"] == 2, again.text
+        health = httpx.get(base + "/health", timeout=10).json()
+        assert health["workers"] == 1 and health["lost_hosts"] == [victim]
+        listed = httpx.get(base + "/env/list", timeout=10).json()
+        assert {tag_of(e["env_id"]) for e in listed["envs"]} == {survivor}
+
+        os.killpg(served.proc.pid, signal.SIGTERM)  # uvicorn drains, then exits by the signal
+        assert served.proc.wait(60) in (0, -signal.SIGTERM)
+        assert "Application shutdown complete" in served.log.read_text()
+    # No rollout reported before the loss is missing from the trace DB.
+    (db,) = (tmp_path / "traces").glob("*.db")
+    with sqlite3.connect(db) as conn:
+        runs = {row[0] for row in conn.execute("SELECT run_id FROM sessions")}
+    assert set(reported) <= runs
+    assert sum(1 for run in runs if run.startswith(tag_of(group[0].json()["group_id"]))) >= 2
