@@ -1,10 +1,12 @@
 """Entry point: `uvicorn main:app`, `python main.py`, and `modal deploy main.py`.
 
 Locally, ``app`` is the task app configured from the environment (built on first access, so
-importing this module creates nothing). On Modal, ``fastapi_app`` builds it in the container:
-state on the ``synth-env-state`` Volume at ``/data/state``, secrets from the
-``grpo-service-secrets`` Modal secret, traces on local disk and copied to the Volume at
-shutdown. Defining the Modal objects needs no token and no network. See docs/modal.md.
+importing this module creates nothing). On Modal, two entry points serve the same app: the
+``TaskAppSessions`` Server (sticky sessions: a client's live envs, policies and runs stay on the
+container its session token names) and ``fastapi_app`` (any container: self-contained
+rollouts). In both, state is on the ``synth-env-state`` Volume at ``/data/state``, secrets come
+from the ``grpo-service-secrets`` Modal secret, traces are on local disk and copied to the Volume
+at shutdown. Defining the Modal objects needs no token and no network. See docs/modal.md.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ VOLUME_PATH = "/data/state"
 SECRET_NAME = "grpo-service-secrets"
 LOCAL_TRACE_DB = Path("/tmp/grpo-service/traces.db")
 
-# One container holds every live env, policy and run in memory, and Modal does not route
-# requests by id: a second container would answer another's ids with 421. Raise it only for
-# clients that use the one-shot /rollout calls (docs/modal.md, "Scaling out on Modal").
-MAX_CONTAINERS = 1
+# Containers of each entry point. Live objects stay on the container of their session (the
+# Server's sticky sessions); self-contained rollouts need no affinity. docs/modal.md, "Scaling out".
+MAX_CONTAINERS = 16
+SESSION_SERVER = "TaskAppSessions"
+SESSION_PORT = 8000
+SESSION_STARTUP_S = 300  # an image with the environments imports in about 10 s; a cold Volume is slower
 # Requests mostly wait on the LLM; env work is bound by one core (the GIL), not by requests.
 MAX_INPUTS = 1024  # = the default MAX_ACTIVE_RUNS
 TARGET_INPUTS = 256
@@ -125,20 +129,51 @@ def _export_trace_on_shutdown(web: FastAPI, trace_db: Path, dest_dir: Path, vol:
     web.router.lifespan_context = lifespan
 
 
-@modal_app.function(
-    volumes={VOLUME_PATH: volume},
-    secrets=[modal.Secret.from_name(SECRET_NAME)],
-    cpu=2.0,
-    memory=4096,
-    min_containers=0,
-    max_containers=MAX_CONTAINERS,
-    scaledown_window=SCALEDOWN_WINDOW_S,
-    timeout=TIMEOUT_S,
-)
+CONTAINER = {
+    "volumes": {VOLUME_PATH: volume},
+    "secrets": [modal.Secret.from_name(SECRET_NAME)],
+    "cpu": 2.0,
+    "memory": 4096,
+    "min_containers": 0,
+    "max_containers": MAX_CONTAINERS,
+    "scaledown_window": SCALEDOWN_WINDOW_S,
+}
+
+
+@modal_app.function(**CONTAINER, timeout=TIMEOUT_S)
 @modal.concurrent(max_inputs=MAX_INPUTS, target_inputs=TARGET_INPUTS)
 @modal.asgi_app()
 def fastapi_app() -> FastAPI:
+    """Any container: ``/rollout/group``, ``/rollouts`` and ``/rollout`` with an inline env and
+    policy (live ids answer 421 on a container that did not create them)."""
     return build_container_app(STATE_ROOT, volume)
+
+
+@modal_app.server(
+    **CONTAINER,
+    port=SESSION_PORT,
+    target_concurrency=TARGET_INPUTS,
+    startup_timeout=SESSION_STARTUP_S,
+    exit_grace_period=30,
+)
+@modal.sessioned()
+class TaskAppSessions:
+    """The task app behind Modal's sticky sessions: every request carries a session token
+    (``Modal-Authorization: Bearer <token>``, `grpo_service.modal_sessions`), and all requests of
+    a session reach the container that holds its live envs, policies and runs."""
+
+    @modal.enter()
+    def start(self) -> None:
+        from tools.server_thread import ServerThread
+
+        web = build_container_app(STATE_ROOT, volume)
+        self.server = ServerThread(web, host="0.0.0.0", port=SESSION_PORT, name="task-app").start(
+            timeout_s=SESSION_STARTUP_S
+        )
+
+    @modal.exit()
+    def stop(self) -> None:
+        self.server.stop()
 
 
 def _run_by_modal_cli() -> bool:

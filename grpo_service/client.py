@@ -31,6 +31,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from grpo_service import models
+from grpo_service.modal_sessions import ModalSession
 
 M = TypeVar("M", bound=BaseModel)
 Q = TypeVar("Q", bound=BaseModel)
@@ -52,8 +53,9 @@ class ServiceCallError(Exception):
         self.status = status
 
 
-def headers(api_key: str | None) -> dict[str, str]:
-    return {"X-API-Key": api_key} if api_key else {}
+def headers(api_key: str | None, session: ModalSession | None = None) -> dict[str, str]:
+    """The service's key, and on Modal a sticky session's token (`grpo_service.modal_sessions`)."""
+    return {**({"X-API-Key": api_key} if api_key else {}), **(session.headers if session else {})}
 
 
 def timeout(read_s: float) -> httpx.Timeout:
@@ -229,7 +231,8 @@ class _Routes:
     """Every route of the service, once. ``_send`` is the sync or async transport.
 
     ``http``: an httpx client of your own (its base URL and headers are used as they are), e.g.
-    ``fastapi.testclient.TestClient(app)`` in tests; otherwise one is opened for ``base_url``."""
+    ``fastapi.testclient.TestClient(app)`` in tests; otherwise one is opened for ``base_url``.
+    ``session``: a Modal sticky session; every request carries its token."""
 
     http_class: ClassVar[type[httpx.Client] | type[httpx.AsyncClient]]
 
@@ -242,10 +245,11 @@ class _Routes:
         attempts: int = 3,
         max_connections: int = 100,
         http: httpx.Client | httpx.AsyncClient | None = None,
+        session: ModalSession | None = None,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self.http = http or self.http_class(
-            base_url=base_url, headers=headers(api_key), timeout=timeout(timeout_s), limits=limits
+            base_url=base_url, headers=headers(api_key, session), timeout=timeout(timeout_s), limits=limits
         )
         self.attempts, self._owns_http = attempts, http is None
 

@@ -90,8 +90,7 @@ async def typed_episode(spec: dict[str, Any], name: str) -> dict[str, Any]:
         result = await env.reset(seed=env_spec["seed"], **env_spec["config"])
         steps = 0
         while not result.done and steps < MAX_STEPS:
-            action = TextAction(action=getattr(result.observation, "oracle_action", None) or "inventory")
-            result = await env.step(action)
+            result = await env.step(TextAction(action=choose(result.observation.model_dump(), steps)))
             steps += 1
         state = await env.state()
         return {
@@ -170,10 +169,9 @@ async def episodes(spec: dict[str, Any]) -> dict[str, Any]:
     for name in names:
         report["generic"][name] = await asyncio.to_thread(generic_episode, spec, name)
         report["mcp"][name] = await mcp_episode(spec, name)
-    text_game = "textcraft"
-    report["typed"] = await typed_episode(spec, text_game)
-    report["autoenv"] = await asyncio.to_thread(autoenv_episode, spec, "babyai")
-    report["concurrent"] = await concurrent_sessions(spec, text_game)
+    report["typed"] = {name: await typed_episode(spec, name) for name in names}
+    report["autoenv"] = {name: await asyncio.to_thread(autoenv_episode, spec, name) for name in names}
+    report["concurrent"] = await concurrent_sessions(spec, "textcraft")
     return report
 
 
@@ -200,6 +198,46 @@ async def auth(spec: dict[str, Any]) -> dict[str, Any]:
     except ConnectionError as exc:
         refused = str(exc)
     return {"with_key": stepped.observation["text"], "without_key": refused}
+
+
+GRADED_ACTIONS = {"crafter": ["noop", "move_left", "do"], "textcraft": ["inventory", "get 1 oak log"]}
+
+
+async def graders(spec: dict[str, Any]) -> dict[str, Any]:
+    """OpenEnv 0.10's runtime graders (reward well-formed, observations valid against ``/schema``,
+    the state contract) over an episode its own collector plays on ``/ws``."""
+    from types import SimpleNamespace
+
+    from openenv.validation.graders.runtime.basic import (
+        ObservationSchemaGrader,
+        RewardWellFormedGrader,
+        StateContractGrader,
+    )
+    from openenv.validation.runtime.collector import collect_runtime_evidence
+    from openenv.validation.runtime.contracts import RuntimePlan, RuntimeReset
+
+    results = {}
+    for name, env_spec in sorted(spec["envs"].items()):
+        actions = GRADED_ACTIONS.get(name, ["inventory", "look around"])
+        plan = RuntimePlan(
+            plan_schema_version="1",
+            reset=RuntimeReset(
+                episode_id=f"graded-{name}", seed=env_spec["seed"], options=env_spec["config"]
+            ),
+            actions=[{"action": action} for action in actions],
+        )
+        evidence = await asyncio.to_thread(
+            collect_runtime_evidence, url(spec, name), plan, episode_timeout_s=120
+        )
+        manifest = SimpleNamespace(reward=SimpleNamespace(range=(-1e9, 1e9)))
+        subject = SimpleNamespace(manifest=manifest, runtime_evidence=evidence)
+        checks = [RewardWellFormedGrader(), ObservationSchemaGrader(), StateContractGrader()]
+        results[name] = {
+            "failure": evidence.failure_reason,
+            "exchanges": len(evidence.exchanges),
+            "checks": {g.check_id: (r.status.value, r.evidence) for g in checks for r in [g.run(subject)]},
+        }
+    return results
 
 
 async def validate(spec: dict[str, Any]) -> dict[str, Any]:
@@ -230,6 +268,7 @@ SCENARIOS = {
     "validate": validate,
     "auth": auth,
     "code": run_code,
+    "graders": graders,
 }
 
 

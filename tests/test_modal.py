@@ -20,6 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import modal
 import pytest
 from fastapi import FastAPI
@@ -93,9 +94,10 @@ def load_recorded(path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[ModuleTy
         monkeypatch.setattr(owner, name, spy)
 
     record(modal.App, "function")
+    record(modal.App, "server")
     record(modal.Image, "pip_install_from_pyproject")
     record(modal.Image, "env")
-    for decorator in ("concurrent", "asgi_app", "web_server"):
+    for decorator in ("concurrent", "asgi_app", "web_server", "sessioned"):
         record(modal, decorator)
     spec = importlib.util.spec_from_file_location(f"_recorded_{path.stem}", path)
     assert spec is not None and spec.loader is not None
@@ -185,6 +187,86 @@ def test_trace_db_stays_local_and_is_copied_to_the_volume_at_shutdown(
     assert vol.commits == 1
 
 
+def test_session_server_serves_the_task_app_on_its_port(
+    container: tuple[Path, FakeVolume], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``TaskAppSessions``: @modal.enter() serves the container's app over HTTP (Modal's proxy
+    routes a session's requests to it); @modal.exit() stops it, draining the trace writer."""
+    monkeypatch.setattr(main, "SESSION_PORT", 0)  # a free port here; 8000 in the container
+    server_cls = main.TaskAppSessions._get_user_cls()
+    instance = server_cls()
+    server_cls.__dict__["start"]._get_raw_f()(instance)
+    try:
+        base = instance.server.base_url
+        session = {"Modal-Authorization": "Bearer session-token"}  # Modal's proxy reads it, not the app
+        env = httpx.post(
+            f"{base}/env/create",
+            json={"env_name": "crafter", "seed": 1},
+            headers={"X-API-Key": KEY, **session},
+        )
+        assert env.status_code == 200, env.text
+        step = {"env_id": env.json()["env_id"], "action": "noop"}
+        assert (
+            httpx.post(f"{base}/env/step", json=step, headers={"X-API-Key": KEY, **session}).status_code
+            == 200
+        )
+    finally:
+        server_cls.__dict__["stop"]._get_raw_f()(instance)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{base}/health", timeout=2)
+
+
+def test_the_client_starts_sends_and_ends_a_modal_session(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``ModalSession.start`` asks Modal's Server for a session; the typed client sends its token
+    on every request; ``end`` terminates it. Modal's Server is a fake here (no network)."""
+    from grpo_service.client import TaskAppClient
+    from grpo_service.modal_sessions import ModalSession
+    from tools.server_thread import ServerThread
+
+    seen: list[str | None] = []
+    web = create_app(make_settings(tmp_path))
+
+    @web.middleware("http")
+    async def record(request: Any, call_next: Any) -> Any:
+        seen.append(request.headers.get("modal-authorization"))
+        return await call_next(request)
+
+    with ServerThread(web, name="modal-session") as served:
+        events: list[tuple[str, Any]] = []
+
+        class Sessions:
+            def start(self, idle_timeout: int) -> Any:
+                events.append(("start", idle_timeout))
+                return type("Credentials", (), {"token": "tok-1", "session_id": "ss-1"})()
+
+            def terminate(self, token: str) -> None:
+                events.append(("terminate", token))
+
+        class FakeServer:
+            sessions = Sessions()
+
+            @staticmethod
+            def get_url() -> str:
+                return served.base_url + "/"
+
+        names: list[tuple[str, str]] = []
+        monkeypatch.setattr(
+            modal.Server, "from_name", lambda app, name: names.append((app, name)) or FakeServer()
+        )
+        with (
+            ModalSession.start(idle_timeout_s=120) as session,
+            TaskAppClient(session.url, session=session) as app,
+        ):
+            env = app.create_env(env_name="crafter", seed=2)
+            app.step_env(env_id=env.env_id, action="noop")
+            assert app.health().envs == 1
+    assert names == [(main.APP_NAME, main.SESSION_SERVER)]
+    assert events == [("start", 120), ("terminate", "tok-1")]
+    assert seen and set(seen) == {"Bearer tok-1"}
+
+
 @pytest.mark.parametrize(
     ("unset", "message"),
     [("SNAPSHOT_SECRET", "SNAPSHOT_SECRET"), ("ENVIRONMENT_API_KEY", "ENVIRONMENT_API_KEY")],
@@ -238,14 +320,19 @@ def test_image_installs_pyprojects_dependencies_and_configures_the_function(
         assert "fastapi" in " ".join(tomllib.load(f)["project"]["dependencies"])
 
     [(_, function)] = calls["function"]
-    assert set(function["volumes"]) == {"/data/state"}
-    assert len(function["secrets"]) == 1
-    assert function["max_containers"] == module.MAX_CONTAINERS == 1
-    assert function["scaledown_window"] >= 5 * 60 and function["timeout"] >= 15 * 60
-    assert function["cpu"] >= 1 and function["memory"] >= 2048
+    [(_, server)] = calls["server"]
+    for entry in (function, server):  # the same container: Volume, secret, size, scaling
+        assert set(entry["volumes"]) == {"/data/state"}
+        assert len(entry["secrets"]) == 1
+        assert entry["max_containers"] == module.MAX_CONTAINERS > 1
+        assert entry["scaledown_window"] >= 5 * 60
+        assert entry["cpu"] >= 1 and entry["memory"] >= 2048
+    assert function["timeout"] >= 15 * 60
+    assert server["port"] == module.SESSION_PORT and server["startup_timeout"] >= 60
     [(_, concurrency)] = calls["concurrent"]
     assert concurrency == {"max_inputs": module.MAX_INPUTS, "target_inputs": module.TARGET_INPUTS}
     assert len(calls["asgi_app"]) == 1
+    assert len(calls["sessioned"]) == 1  # the Server's requests stick to their session's container
 
 
 # ------------------------------------------------------------------------------------- vLLM app

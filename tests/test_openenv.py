@@ -27,6 +27,7 @@ from tests.openenv_venv import OpenEnvDriver
 from tools.server_thread import ServerThread
 
 MAX_ENVS = 6
+MAX_FRAME = 64 * 1024  # the service's MAX_REQUEST_BYTES, which bounds a frame too
 # How each env is played to its end: the text games by their scripted solver (the `oracle`
 # config shows its next action), Crafter until its step cap.
 ENVS: dict[str, dict[str, Any]] = {
@@ -48,7 +49,7 @@ def driver() -> Iterator[OpenEnvDriver]:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ServerThread, Path]]:
     tmp = tmp_path_factory.mktemp("openenv")
     trace_db = tmp / "traces.db"
-    settings = make_settings(tmp, trace_db=trace_db, max_envs=MAX_ENVS)
+    settings = make_settings(tmp, trace_db=trace_db, max_envs=MAX_ENVS, max_request_bytes=MAX_FRAME)
     with ServerThread(create_app(settings), name="openenv-app") as server:
         yield server, trace_db
 
@@ -117,10 +118,13 @@ def test_generic_client_plays_a_whole_episode_of_every_env(report: dict[str, Any
 
 
 def test_typed_client_autoenv_and_mcp_tool_client(report: dict[str, Any]) -> None:
-    typed = report["typed"]
-    assert typed["done"] and typed["reward"] > 0 and typed["observation_type"] == "TextObservation"
-    assert typed["state"]["step_count"] == typed["steps"]
-    assert report["autoenv"]["client"] == "GenericEnvClient" and report["autoenv"]["done"]
+    for name, typed in report["typed"].items():
+        assert typed["done"] and typed["observation_type"] == "TextObservation", name
+        assert typed["state"]["step_count"] == typed["steps"] > 0
+        autoenv = report["autoenv"][name]
+        assert autoenv["client"] == "GenericEnvClient" and autoenv["done"], name
+        if ENVS[name]["config"].get("oracle"):
+            assert typed["reward"] > 0 and autoenv["reward"] > 0, name
     for name, episode in report["mcp"].items():
         assert episode["tools"] == [t["function"]["name"] for t in ENVIRONMENTS[name].tools()]
         assert episode["input_schema"]["type"] == "object"
@@ -168,6 +172,13 @@ def test_openenv_validate_passes_for_every_env(driver: OpenEnvDriver, base: str)
         report = result["report"]
         assert result["exit_code"] == 0 and report["passed"], (name, report["criteria"])
         assert report["mode"] == "production" and report["target"] == f"{base}/openenv/{name}"
+
+
+def test_openenv_runtime_graders_pass_for_every_env(driver: OpenEnvDriver, base: str) -> None:
+    for name, result in play(driver, base, "graders").items():
+        assert result["failure"] is None and result["exchanges"] >= 4, (name, result)
+        for check, (status, evidence) in result["checks"].items():
+            assert status == "pass", (name, check, evidence)
 
 
 # ------------------------------------------------------------- sessions are the registry's envs
@@ -254,6 +265,7 @@ BAD_FRAMES: list[tuple[Any, str]] = [
     ({"type": "reset", "data": {"no_such_option": 1}}, "VALIDATION_ERROR"),
     ({"type": "reset", "data": {"rl_run_id": "../x"}}, "VALIDATION_ERROR"),
     ({"type": "call_tool"}, "VALIDATION_ERROR"),
+    ('{"type": "step", "data": {"action": "' + "x" * MAX_FRAME + '"}}', "VALIDATION_ERROR"),
     ({"type": "step", "data": {"action": "dance"}}, "EXECUTION_ERROR"),
     ({"type": "call_tool", "tool_name": "fly", "arguments": {}}, "EXECUTION_ERROR"),
     ({"type": "step", "data": {"tool_calls": [{"tool": "interact_many", "args": {}}]}}, "EXECUTION_ERROR"),
@@ -356,3 +368,15 @@ def test_attaching_to_another_workers_session_names_it(base: str) -> None:
     ) as ws:
         error = json.loads(ws.recv(timeout=30))["data"]
     assert error["code"] == "SESSION_ERROR" and "another worker" in error["message"]
+
+
+def test_a_reset_the_env_refuses_leaves_the_session_as_it_was(base: str, http: httpx.Client) -> None:
+    with socket(base, "textcraft") as ws:
+        env_id = ask(ws, {"type": "reset", "data": {"seed": 1, "oracle": True}})["data"]["metadata"]["env_id"]
+        same = ask(ws, {"type": "reset", "data": {"seed": 2, "oracle": True}})["data"]["metadata"]["env_id"]
+        assert same == env_id, "the same config again keeps the env"
+        refused = ask(ws, {"type": "reset", "data": {"seed": 10**6, "max_steps": 5}})
+        assert refused["data"]["code"] == "VALIDATION_ERROR" and "10" in refused["data"]["message"]
+        state = ask(ws, {"type": "state"})["data"]
+        assert state["env_id"] == env_id and env_id in live_env_ids(http)
+        assert ask(ws, {"type": "step", "data": {"action": "inventory"}})["type"] == "observation"

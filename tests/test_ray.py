@@ -131,3 +131,14 @@ def test_a_lost_node_answers_410_or_503_and_the_rest_keeps_working(
         runs = {row[0] for row in conn.execute("SELECT run_id FROM sessions")}
     assert set(reported) <= runs
     assert sum(1 for run in runs if run.startswith(tag_of(group[0].json()["group_id"]))) >= 2
+
+
+def test_work_is_split_evenly_and_limits_are_shared_out() -> None:
+    from grpo_service.cluster.cluster import share
+    from grpo_service.cluster.router import _split
+
+    assert _split(list(range(5)), 2) == [[0, 1, 2], [3, 4]]
+    assert _split([7], 1) == [[7]]
+    assert [share(10_000, i, 3) for i in range(3)] == [3334, 3333, 3333]
+    assert [share(3, i, 2) for i in range(2)] == [2, 1]
+    assert [share(1, i, 2) for i in range(2)] == [1, 1]  # at least one each

@@ -138,7 +138,15 @@ class Cluster:
         wanted = self.settings.ray_hosts or self._hosts_the_cluster_fits(ray.cluster_resources())
         missing = max(0, wanted - len(self.hosts))
         if missing:
-            await asyncio.wait_for(self._start_hosts(missing, wanted), timeout)
+            try:
+                await asyncio.wait_for(self._start_hosts(missing, wanted), timeout)
+            except TimeoutError:
+                free = ray.available_resources().get("CPU", 0.0)
+                raise RuntimeError(
+                    f"Ray could not place {missing} hosts of {self.settings.ray_host_cpus} CPUs within "
+                    f"{timeout:.0f} s ({free:g} CPUs free in the cluster): lower --ray-hosts or "
+                    "RAY_HOST_CPUS, or add nodes"
+                ) from None
         log.info("serving through Ray: %s", ", ".join(h.describe() for h in self.live()))
 
     def _hosts_the_cluster_fits(self, resources: dict[str, float]) -> int:

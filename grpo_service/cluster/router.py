@@ -10,7 +10,8 @@
 - ``/run/status`` and ``/run/abort`` ask every host (a client's run id names no host, a spread
   group has a part on each); the listings and ``/health`` add up every host's.
 - Training jobs and AgentGym's integer-id sessions live on one host (`Cluster.home`).
-- The docs, ``/info`` and the trace viewer (the trace DB is on the front's node) answer here.
+- The docs, ``/info``, the trace viewer (the trace DB is on the front's node) and OpenEnv's
+  WebSocket sessions answer here, in the front's own process.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ _ID_IN_BODY = re.compile(f'"{TAGGED_ID_PATTERN}"'.encode())  # a whole JSON stri
 _ID_IN_PATH = re.compile(f"/{TAGGED_ID_PATTERN}(?=/|$)")  # a whole path segment
 _HOP_HEADERS = frozenset({b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding"})
 
-LOCAL_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/info", "/viewer")
+# Answered by the front's own app: the docs, /info, the viewer (the trace DB is on this node) and
+# OpenEnv's sessions (a WebSocket and its /mcp calls stay in one process: this one).
+LOCAL_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/info", "/viewer", "/openenv")
 HOME_PREFIXES = ("/agentgym/", "/train", "/training/", "/inference", "/models")
 HOME_PATHS = frozenset({"/"})  # the training API's root
 LISTINGS: dict[str, tuple[str, type[BaseModel], str, str]] = {

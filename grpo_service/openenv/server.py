@@ -24,6 +24,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
+from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from envs.base import ENVIRONMENTS, environment_class
@@ -129,8 +130,8 @@ class Connection:
             )
         try:
             return Frame.model_validate(message)
-        except Exception as exc:
-            raise validation_failed(exc, f"{kind} frame") from None  # type: ignore[arg-type]
+        except ValidationError as exc:
+            raise validation_failed(exc, f"{kind} frame") from None
 
     async def _dispatch(self, frame: Frame) -> dict[str, Any]:
         sessions, session = self.sessions, self.session
@@ -169,7 +170,8 @@ class Connection:
         try:
             message = await asyncio.wait_for(self.websocket.receive(), timeout=ttl)
         except TimeoutError:
-            self.sessions.check_alive(self.session)  # type: ignore[arg-type]  # SESSION_ERROR (fatal) if the reaper took the env
+            assert self.session is not None
+            self.sessions.check_alive(self.session)  # SESSION_ERROR (fatal) if the reaper took the env
             return None
         except (WebSocketDisconnect, RuntimeError):
             raise Closing("disconnected") from None

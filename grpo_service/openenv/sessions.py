@@ -10,10 +10,12 @@ Each episode is traced when it ends (done, reset, or session closed).
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -26,7 +28,10 @@ from grpo_service.openenv.frames import ErrorCode, FrameError, ResetOptions, Sta
 from grpo_service.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.tracing.episodes import EpisodeRecorder
 
+log = logging.getLogger(__name__)
+
 RL_RUN_ID = "openenv"
+T = TypeVar("T")
 CLIENT = "openenv"  # the policy name of traced episodes
 
 
@@ -63,6 +68,10 @@ class Sessions:
             raise self.capacity_error(exc) from None
         except (PluginError, ServiceError) as exc:
             raise FrameError(ErrorCode.FACTORY_ERROR, _message(exc), factory_name=self.env_name) from None
+        except Exception as exc:  # an env that fails to build must not take the socket down unanswered
+            log.exception("OpenEnv session: building %s failed", self.env_name)
+            message = f"{type(exc).__name__}: {exc}"
+            raise FrameError(ErrorCode.FACTORY_ERROR, message, factory_name=self.env_name) from None
         episode_id = uuid.uuid4().hex
         session = Session(
             id=new_instance_id(),
@@ -141,10 +150,10 @@ class Sessions:
             raise validation_failed(exc, "reset data") from None
         handle = self._handle(session)
         rl_run_id = options.rl_run_id or handle.rl_run_id
-        config = options.config()
+        config = self._config(options.config()) if options.config() else self.services.envs.config(handle)
         self._submit(session, "reset")
-        if config or rl_run_id != handle.rl_run_id:
-            handle = await self._rebuild(session, handle, config or None, options.seed, rl_run_id)
+        if config != self.services.envs.config(handle) or rl_run_id != handle.rl_run_id:
+            handle = await self._rebuild(session, handle, config, options.seed, rl_run_id)
             result = handle.last
             assert result is not None
         else:
@@ -227,6 +236,13 @@ class Sessions:
             self._submit(session, "episode_done")
         return self.observation(session, result, result.reward)
 
+    def _config(self, given: dict[str, Any]) -> dict[str, Any]:
+        """``given`` as the env's full config (defaults filled in), or ``VALIDATION_ERROR``."""
+        try:
+            return environment_class(self.env_name).config_model.model_validate(given).model_dump(mode="json")
+        except ValidationError as exc:
+            raise validation_failed(exc, f"config for {self.env_name}") from None
+
     async def _rebuild(
         self,
         session: Session,
@@ -235,25 +251,23 @@ class Sessions:
         seed: int | None,
         rl_run_id: str,
     ) -> EnvHandle:
-        """Replace the session's env by a new one built with ``config`` (checked first, so that a
-        bad config leaves the session as it was)."""
-        cls = environment_class(self.env_name)
-        if config is None:
-            config = self.services.envs.config(old)
-        else:
-            try:
-                cls.config_model.model_validate(config)
-            except ValidationError as exc:
-                raise validation_failed(exc, f"config for {self.env_name}") from None
-        await self.services.envs.terminate(old.id)
+        """Replace the session's env by a new one built with ``config``. The new env is built
+        before the old one goes, so a config or seed the env refuses leaves the session as it
+        was; only on a full server is the old env released first to make room."""
         try:
-            handle = await self.services.envs.create(self.env_name, config, seed, rl_run_id)
-        except CapacityExceeded as exc:
-            await self.close(session, "env_terminated")
-            raise self.capacity_error(exc) from None
-        except BaseException:
-            await self.close(session, "error")
-            raise
+            handle = await self._call(self.services.envs.create(self.env_name, config, seed, rl_run_id))
+        except FrameError as exc:
+            if exc.code != ErrorCode.CAPACITY_REACHED:
+                raise
+            await self.services.envs.terminate(old.id)
+            try:
+                handle = await self._call(self.services.envs.create(self.env_name, config, seed, rl_run_id))
+            except FrameError as again:
+                await self.close(session, "env_terminated")
+                again.fatal = True  # the old env is gone: the session cannot go on
+                raise
+        else:
+            await self.services.envs.terminate(old.id)
         session.env_id = handle.id
         return handle
 
@@ -277,10 +291,12 @@ class Sessions:
             fatal=True,
         )
 
-    async def _call(self, work: Any) -> StepResult:
+    async def _call(self, work: Awaitable[T]) -> T:
         """Await an `EnvManager` call, its errors turned into frames."""
         try:
             return await work
+        except CapacityExceeded as exc:
+            raise self.capacity_error(exc) from None
         except (NotFound, WrongInstance):
             raise FrameError(
                 ErrorCode.SESSION_ERROR, "the session's env was terminated meanwhile", fatal=True

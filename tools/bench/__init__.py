@@ -78,7 +78,10 @@ def render_table(report: dict[str, Any], console: Console) -> None:
 def bench_main(
     section: Annotated[
         str | None,
-        typer.Argument(help="`train`: our GRPO against SB3's PPO on CartPole (tools/bench/train.py)."),
+        typer.Argument(
+            help="`train`: our GRPO against SB3's PPO on CartPole (tools/bench/train.py); `scale`: "
+            "embedded against served through Ray with 1 and N hosts (tools/bench/scale.py)."
+        ),
     ] = None,
     quick: Annotated[
         bool, typer.Option("--quick", help="3 short repeats (under 4 minutes on 2 cores).")
@@ -123,8 +126,19 @@ def bench_main(
             json_path.write_text(json.dumps(train_report, indent=2) + "\n")
             console.print(f"wrote {json_path}")
         return
+    if section == "scale":
+        from tools.bench.scale import render_scale_report, run_scale_bench
+
+        scale_report = run_scale_bench(
+            mode, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
+        )
+        render_scale_report(scale_report, console)
+        if json_path is not None:
+            json_path.write_text(json.dumps(scale_report, indent=2) + "\n")
+            console.print(f"wrote {json_path}")
+        return
     if section is not None:
-        console.print(f"[red]unknown bench section {section!r}[/]: the only one is 'train'")
+        console.print(f"[red]unknown bench section {section!r}[/]: 'train' or 'scale'")
         raise typer.Exit(2)
 
     def log(line: str) -> None:
