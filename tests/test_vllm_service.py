@@ -240,34 +240,34 @@ def distilled(task_app, real_vllm: RealVLLM, tmp_path_factory: pytest.TempPathFa
     server, db = task_app
     root = tmp_path_factory.mktemp("distilled")
     teacher = {"prompt_format": "tool_calls", "teacher": "oracle"}
-    for seed in range(12):
+    for k in range(8):  # BabyAI task 40k + 1: GoToRedBall, reset seed k
         post(
             server,
             "/rollout/group",
             {
                 "group_size": 1,
-                "env": {"env_name": "babyai", "seed": seed, "config": {"oracle": True, "level": 1}},
+                "env": {"env_name": "babyai", "seed": 40 * k + 1, "config": {"oracle": True}},
                 "policy": {"policy_name": "babyai-agent", "config": teacher},
-                "max_turns": 6,
+                "max_turns": 4,
                 "on_done": "terminate",
             },
         )
     for _ in range(100):
         with TraceReader(db) as reader:
-            if sum(s["model"] == "oracle" for s in reader.sessions()) >= 12:
+            if sum(s["model"] == "oracle" for s in reader.sessions()) >= 8:
                 break
         time.sleep(0.1)
     report = export_sft(db, root / "oracle.jsonl", ExportFilters(model="oracle"))
-    assert report.examples >= 12, report.as_dict()
+    assert report.examples >= 8, report.as_dict()
     torch.set_num_threads(1)
     result = train_sft(
         SFTConfig(
             model=str(real_vllm.checkpoint),
             out=str(root / "sft"),
             dataset=str(root / "oracle.jsonl"),
-            epochs=20,
+            epochs=40,
             batch_size=8,
-            lr=3e-3,
+            lr=5e-3,
             save_every=10_000,
         )
     )
@@ -275,6 +275,7 @@ def distilled(task_app, real_vllm: RealVLLM, tmp_path_factory: pytest.TempPathFa
     return Path(result["final"])
 
 
+@pytest.mark.timeout(900)  # a short SFT (its fixture) and two GRPO steps on 2 cores
 def test_a_distilled_model_through_vllms_hermes_parser_export_and_grpo(
     task_app, real_vllm: RealVLLM, sync: WeightSync, distilled: Path, tmp_path: Path
 ) -> None:
@@ -293,7 +294,7 @@ def test_a_distilled_model_through_vllms_hermes_parser_export_and_grpo(
         {
             "group_id": "vllm-hermes",
             "group_size": 2,
-            "env": {"env_name": "babyai", "seed": 3, "config": {"level": 1}},
+            "env": {"env_name": "babyai", "seed": 40 * 20 + 1},
             "policy": {"policy_name": "babyai-agent", "config": auto},
             "max_turns": 4,
             "mode": "rl",
@@ -321,10 +322,9 @@ def test_a_distilled_model_through_vllms_hermes_parser_export_and_grpo(
         task_app_url=server.base_url,
         model_server_url=real_vllm.base_url,
         env_name="babyai",
-        env_config={"level": 1},
         policy_name="babyai-agent",
         policy_config={"prompt_format": "tool_calls", "temperature": 1.5, "max_tokens": 48},
-        seeds=[7, 8],
+        seeds=[40 * 21 + 1, 40 * 22 + 1],
         steps=2,
         groups_per_step=2,
         group_size=4,
