@@ -31,21 +31,26 @@ PLANS: dict[str, dict[str, int]] = {
 SERVED = "tiny-qwen3"
 
 
+SAMPLERS = ("fake", "serve-model", "vllm")
+
+
 @contextlib.contextmanager
-def _sampler(name: str, checkpoint: Path, root: Path) -> Iterator[str]:
-    """The base URL of sampler ``name`` serving ``checkpoint``."""
+def sampler_server(
+    name: str, checkpoint: Path, root: Path, served_name: str = SERVED, max_model_len: int = 4096
+) -> Iterator[str]:
+    """Start sampler ``name`` (one of `SAMPLERS`) on ``checkpoint``; its base URL until exit."""
     from tools.server_thread import ServerThread
 
     if name == "fake":
         from tools.fake_server import FakeConfig, FakeInferenceServer
 
-        config = FakeConfig(model=SERVED, text_actions=["turn left", "turn right", "move forward"])
+        config = FakeConfig(model=served_name, text_actions=["turn left", "turn right", "move forward"])
         with FakeInferenceServer(config) as fake:
             yield fake.base_url
     elif name == "serve-model":
         from training.llm.server import ModelEngine, create_model_app
 
-        engine = ModelEngine(checkpoint, served_name=SERVED)
+        engine = ModelEngine(checkpoint, served_name=served_name)
         try:
             with ServerThread(create_model_app(engine), name="serve-model") as server:
                 yield server.base_url
@@ -56,7 +61,11 @@ def _sampler(name: str, checkpoint: Path, root: Path) -> Iterator[str]:
         from tools.ray_cluster import free_port
 
         args = serve_args(
-            str(checkpoint), served_model_name=SERVED, port=free_port(), dtype="float32", max_model_len=4096
+            str(checkpoint),
+            served_model_name=served_name,
+            port=free_port(),
+            dtype="float32",
+            max_model_len=max_model_len,
         )
         with VLLMServer(
             find_python(), args, env=serve_env(kv_cache_gib=1), log_path=root / "vllm.log"
@@ -89,7 +98,9 @@ def _play(base_url: str, plan: dict[str, int], seed: int) -> dict[str, float]:
     return {"decisions": decisions, "llm_s": llm_s, "wall_s": wall_s}
 
 
-def run_samplers_bench(mode: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run_samplers_bench(
+    mode: str, log: Callable[[str], None] = print, samplers: tuple[str, ...] = SAMPLERS
+) -> dict[str, Any]:
     from grpo_service import Settings, create_app
     from inference.vllm_server import find_python
     from tools.server_thread import ServerThread
@@ -97,13 +108,13 @@ def run_samplers_bench(mode: str, log: Callable[[str], None] = print) -> dict[st
 
     plan = PLANS[mode]
     started = time.monotonic()
-    samplers = ["fake", "serve-model", "vllm"]
     skipped: dict[str, str] = {}
-    try:
-        find_python()
-    except FileNotFoundError as exc:
-        samplers.remove("vllm")
-        skipped["vllm"] = str(exc)
+    if "vllm" in samplers:
+        try:
+            find_python()
+        except FileNotFoundError as exc:
+            samplers = tuple(n for n in samplers if n != "vllm")
+            skipped["vllm"] = str(exc)
     report: dict[str, Any] = {"mode": mode, "plan": plan, "samplers": {}, "skipped": skipped}
     with tempfile.TemporaryDirectory(prefix="bench-samplers-") as tmp:
         root = Path(tmp)
@@ -113,7 +124,7 @@ def run_samplers_bench(mode: str, log: Callable[[str], None] = print) -> dict[st
         for name in samplers:
             log(f"sampler {name}: starting")
             t0 = time.monotonic()
-            with _sampler(name, root / "model", root) as url:
+            with sampler_server(name, root / "model", root) as url:
                 startup_s = time.monotonic() - t0
                 settings = Settings(
                     _env_file=None,
