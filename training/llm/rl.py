@@ -454,7 +454,9 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                 if metrics["logprob_max_abs_diff"] > config.fidelity_tolerance:
                     console.print(
                         f"[yellow]warning[/]: server and trainer logprobs differ by up to "
-                        f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g})"
+                        f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g}); "
+                        "with vLLM, a named or required tool_choice samples from a grammar-masked "
+                        "distribution: let the model choose (policy_config.extra_body.tool_choice 'auto')"
                     )
                 path = save_weights(weights_dir / f"step-{step + 1}", model, tokenizer)
                 version += 1
