@@ -516,7 +516,9 @@ class InferenceClient:
         """
         payload = {k: v for k, v in body.items() if k not in _OPTION_KEYS}
         payload.update(body.get("extra_body") or {})
-        options: dict[str, Any] = {"timeout": timeout, **_AUTH_OPTION}
+        # A fixed idempotency key: the client makes a uuid4 per call otherwise, for a header
+        # it sends only to servers that take one (OpenAI's chat route does not).
+        options: dict[str, Any] = {"timeout": timeout, "idempotency_key": "unused", **_AUTH_OPTION}
         if body.get("extra_headers"):
             options["headers"] = body["extra_headers"]
         if body.get("extra_query"):

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sqlite3
 import statistics
 import sys
 import time
+from collections import Counter
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +120,47 @@ def _metrics(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def trace_facts(out: Path, mode: str) -> dict[str, Any]:
+    """What the training groups in the traces show: groups whose roots all earned the same (GRPO's
+    no-signal case), how many of those a fork's continuation broke the tie in, where forks were
+    made, and how often a continuation succeeded from a failed root's state."""
+    groups: dict[str, list[sqlite3.Row]] = {}
+    for db in sorted(out.glob(f"{mode}/seeds-*/traces.db")):
+        with closing(sqlite3.connect(db)) as conn:
+            conn.row_factory = sqlite3.Row
+            rows = conn.execute(
+                "SELECT group_id, group_index, parent_index, fork_turn, total_reward FROM sessions "
+                "WHERE mode = 'rl' AND group_id IS NOT NULL"
+            ).fetchall()
+        for row in rows:
+            groups.setdefault(f"{db}:{row['group_id']}", []).append(row)
+    tied = broken = 0
+    fork_turns: Counter[int] = Counter()
+    from_failed = [0, 0]  # continuations of failed roots: played, succeeded
+    from_solved = [0, 0]
+    for members in groups.values():
+        roots = {m["group_index"]: m["total_reward"] for m in members if m["parent_index"] is None}
+        kids = [m for m in members if m["parent_index"] is not None]
+        if len(set(roots.values())) == 1:
+            tied += 1
+            broken += any(k["total_reward"] > 0 for k in kids) and not any(r > 0 for r in roots.values())
+        for k in kids:
+            fork_turns[k["fork_turn"]] += 1
+            tally = from_solved if roots.get(k["parent_index"], 0) > 0 else from_failed
+            tally[0] += 1
+            tally[1] += k["total_reward"] > 0
+    return {
+        "groups": len(groups),
+        "roots_all_equal": tied,
+        "roots_all_failed_but_a_copy_succeeded": broken,
+        "continuations_by_fork_turn": dict(sorted(fork_turns.items())),
+        "continuations_of_failed_roots": from_failed[0],
+        "of_those_succeeded": from_failed[1],
+        "continuations_of_solved_roots": from_solved[0],
+        "of_those_succeeded_too": from_solved[1],
+    }
+
+
 def summarize(args: argparse.Namespace) -> None:
     base = json.loads((args.sft_from / "report.json").read_text()) if args.sft_from else None
     report: dict[str, Any] = {"sft": base["eval_sft"] if base else None, "modes": {}}
@@ -152,6 +196,7 @@ def summarize(args: argparse.Namespace) -> None:
             "completion_tokens": tokens,
             "rl_wall_s": [r["rl_wall_s"] for r in runs[mode]],
             "train_success_last": [r["metrics"][-1].get("success_rate") for r in runs[mode]],
+            "traces": trace_facts(args.out, mode),
         }
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report, runs, args.out / "curves.png")
@@ -174,16 +219,17 @@ def plot(report: dict[str, Any], runs: dict[str, list[dict[str, Any]]], path: Pa
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     for mode, results in runs.items():
         for i, r in enumerate(results):
-            xs = [m["turns_sampled_total"] for m in r["metrics"]]
+            # By step: step k plays the same start tasks in every run (the seeds list, cycled).
+            xs = [m["step"] for m in r["metrics"]]
             label = f"{mode}" if i == 0 else None
             success = [m["success_rate"] for m in r["metrics"]]
-            axes[0].plot(xs, success, color=colors[mode], alpha=0.7, label=label)
+            axes[0].plot(xs, success, "o-", color=colors[mode], alpha=0.7, label=label)
             silent = [m["groups_all_equal"] / max(1, m["groups"]) for m in r["metrics"]]
-            axes[1].plot(xs, silent, color=colors[mode], alpha=0.7, label=label)
-    axes[0].set_title("training success (roots' rollouts)")
+            axes[1].plot(xs, silent, "o-", color=colors[mode], alpha=0.7, label=label)
+    axes[0].set_title("training success of the roots (same tasks per step)")
     axes[1].set_title("share of groups with no signal")
     for ax in axes[:2]:
-        ax.set_xlabel("decisions sampled")
+        ax.set_xlabel("GRPO step")
         ax.set_ylim(0, 1)
         ax.legend()
     modes = list(report["modes"])

@@ -260,7 +260,7 @@ def test_env_bench_smoke_reports_every_env() -> None:
 
     report = run_env_bench("smoke")
     assert set(report["steps_per_s"]) == {"crafter", "textcraft", "babyai", "sciworld"}
-    assert all(r["in_process"] > 0 and r["http"] > 0 for r in report["steps_per_s"].values())
+    assert all(min(r["in_process"], r["http"], r["openenv"]) > 0 for r in report["steps_per_s"].values())
     assert report["oracle"]["textcraft"]["success_rate"] == 1.0
     assert report["oracle"]["sciworld"]["success_rate"] == 1.0
 

@@ -8,9 +8,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread
+
+pytestmark = pytest.mark.through_ray  # through Ray, the ids are spread over two hosts
 
 
 def batch(client: httpx.Client, llm: FakeInferenceServer, **fields: object) -> httpx.Response:

@@ -114,3 +114,51 @@ def test_bench_samplers_smoke_reports_each_sampler() -> None:
     for row in report["samplers"].values():
         assert row["decisions_per_s"] > 0 and 0 < row["sampler_share"] < 1
         assert row["task_app_share"] == pytest.approx(1 - row["sampler_share"], abs=1e-3)
+
+
+def test_decision_cost_smoke_both_modes(tmp_path: Path) -> None:
+    """`tools.bench.decision`: one tiny load embedded and over HTTP; the JSON has a CPU figure."""
+    from tools.bench.decision import main
+
+    out = tmp_path / "decision.json"
+    main(
+        [
+            "--repeats",
+            "1",
+            "--groups",
+            "1",
+            "--group-size",
+            "2",
+            "--turns",
+            "2",
+            "--no-pin",
+            "--json",
+            str(out),
+        ]
+    )
+    results = json.loads(out.read_text())["results"]
+    for mode in ("http", "embedded"):
+        (run,) = results[mode]["runs"]
+        assert run["decisions"] == 4 and run["cpu_s"] > 0 and run["cpu_us_per_decision"] > 0, (mode, run)
+
+
+def test_flame_budget_charges_each_sample_to_its_innermost_part(tmp_path: Path) -> None:
+    from tools.bench.flame import budget_report
+
+    stacks = tmp_path / "stacks.txt"
+    loop = "run (/usr/lib/python3.11/asyncio/runners.py:10)"
+    step = "EpisodeLoop._act (/app/grpo_service/rollout/episode.py:5)"
+    stacks.write_text(
+        f"{loop};{step};Env.step (/x/site-packages/crafter/env.py:3) 6\n"
+        f"{loop};{step};dumps (/usr/lib/python3.11/json/__init__.py:2) 3\n"
+        f"{loop};Condition.wait (/usr/lib/python3.11/threading.py:320) 50\n"  # idle: dropped
+        f"{loop} 1\n"
+    )
+    report = budget_report(stacks, 1000.0, title="t")
+    assert report["samples"] == 10
+    assert report["us_per_decision"] == {
+        "crafter simulation": 600.0,
+        "coordinator and episode loop": 300.0,  # the JSON encoder counts for its caller
+        "event loop and tasks": 100.0,
+    }
+    assert (tmp_path / "stacks.png").stat().st_size > 1000

@@ -361,13 +361,13 @@ def test_the_readme_recipe_runs_as_written(driver: OpenEnvDriver, base: str) -> 
     assert "interact_many" in printed and "Goal:" in printed
 
 
-def test_attaching_to_another_workers_session_names_it(base: str) -> None:
+def test_attaching_to_another_replicas_session_names_it(base: str) -> None:
     foreign = "ffffffff-" + "0" * 32
     with connect(
         base.replace("http", "ws", 1) + f"/openenv/crafter/ws?session_id={foreign}", open_timeout=30
     ) as ws:
         error = json.loads(ws.recv(timeout=30))["data"]
-    assert error["code"] == "SESSION_ERROR" and "another worker" in error["message"]
+    assert error["code"] == "SESSION_ERROR" and "another replica" in error["message"]
 
 
 def test_a_reset_the_env_refuses_leaves_the_session_as_it_was(base: str, http: httpx.Client) -> None:

@@ -142,3 +142,36 @@ def test_work_is_split_evenly_and_limits_are_shared_out() -> None:
     assert [share(10_000, i, 3) for i in range(3)] == [3334, 3333, 3333]
     assert [share(3, i, 2) for i in range(2)] == [2, 1]
     assert [share(1, i, 2) for i in range(2)] == [1, 1]  # at least one each
+
+
+def test_two_fronts_serve_one_cluster_s_hosts(ray_local: None, tmp_path: Path) -> None:
+    """A second front in the same namespace finds the first one's hosts through Ray (no table of
+    its own): ids made through one front are served by the other, and listings agree."""
+    import ray
+
+    from grpo_service import create_app
+    from tests.conftest import served_settings
+    from tools.server_thread import ServerThread
+
+    first = served_settings(tmp_path / "a", "ray", ray_keep_hosts=True)
+    second = first.model_copy(update={"state_dir": tmp_path / "b" / "state", "ray_keep_hosts": False})
+    a = ServerThread(create_app(first), name="front-a").start(timeout_s=60)
+    try:
+        b = ServerThread(create_app(second), name="front-b").start(timeout_s=60)
+        try:
+            env = post(a.base_url, "/env/create", {"env_name": "crafter", "seed": 4}).json()["env_id"]
+            stepped = post(b.base_url, "/env/step", {"env_id": env, "action": "noop"})
+            assert stepped.status_code == 200 and stepped.json()["observation"]["step_idx"] == 1
+            for base in (a.base_url, b.base_url):
+                health = httpx.get(base + "/health", timeout=10).json()
+                assert health["workers"] == 2 and health["envs"] == 1
+                listed = httpx.get(base + "/env/list", timeout=10).json()
+                assert [e["env_id"] for e in listed["envs"]] == [env]
+        finally:
+            b.stop()
+        assert post(a.base_url, "/env/step", {"env_id": env, "action": "noop"}).status_code == 200
+    finally:
+        a.stop()
+        for actor in ray.util.list_named_actors(all_namespaces=True):  # kept hosts: ours to end
+            if actor["namespace"] == first.ray_namespace:
+                ray.kill(ray.get_actor(actor["name"], namespace=first.ray_namespace))

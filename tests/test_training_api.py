@@ -129,6 +129,9 @@ def test_stop_within_a_second_keeps_the_checkpoint_and_jobs_are_bounded(
         ({"model_name": ".hidden"}, "model_name"),
         ({"type": "nope"}, "type"),
         ({"n_stepz": 3}, "n_stepz"),
+        ({"type": "rl", "model": "m", "advantage": "tree"}, "needs a fork plan"),
+        ({"type": "rl", "model": "m", "fork": {"every": 2}}, 'set advantage = \\"tree\\"'),
+        ({"type": "rl", "model": "m", "advantage": "vine"}, "advantage"),
     ],
 )
 def test_bad_train_requests_are_422_naming_the_field(

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_validator
 
 from envs.errors import InvalidAction
 from inference.tool_calls import canonical_tool_call, wire_tool_call
@@ -65,6 +65,16 @@ class Turn(BaseModel):
     reply: str | None = None  # the reply text, replayed verbatim by the agentgym format
     result: str = ""  # the environment's answer, replayed as tool messages by the tool_calls format
     error: str | None = None  # an invalid turn's kind; ``result`` is then the feedback the model got
+    # The turn's reply messages, rendered once and replayed as they are for the rest of the
+    # window (a turn does not change once it is in the history). Shared: never mutate them.
+    _rendered: tuple[str, list[dict[str, Any]]] | None = PrivateAttr(default=None)
+
+    def rendered(
+        self, format_name: str, render: Callable[[Turn], list[dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
+        if self._rendered is None or self._rendered[0] != format_name:
+            self._rendered = (format_name, render(self))
+        return self._rendered[1]
 
     @model_validator(mode="before")
     @classmethod
@@ -119,6 +129,7 @@ def _conversation(
     observation: str,
     reply: Callable[[Turn], list[dict[str, Any]]],
     answered_by_tools: Callable[[Turn], bool],
+    format_name: str,
 ) -> list[dict[str, Any]]:
     messages = list(head)
     previous: Turn | None = None
@@ -126,7 +137,7 @@ def _conversation(
         user = _user_message(previous, turn.observation, previous is not None and answered_by_tools(previous))
         if user is not None:
             messages.append(user)
-        messages.extend(reply(turn))
+        messages.extend(turn.rendered(format_name, reply))
         previous = turn
     user = _user_message(previous, observation, previous is not None and answered_by_tools(previous))
     if user is not None:
@@ -159,7 +170,14 @@ class ToolCallFormat:
     @staticmethod
     def messages(system: str, history: Iterable[Turn], observation: str) -> list[dict[str, Any]]:
         head = [{"role": "system", "content": system}]
-        return _conversation(head, history, observation, ToolCallFormat._reply, lambda t: bool(t.tool_calls))
+        return _conversation(
+            head,
+            history,
+            observation,
+            ToolCallFormat._reply,
+            lambda t: bool(t.tool_calls),
+            ToolCallFormat.name,
+        )
 
     @staticmethod
     def request_fields(tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -201,6 +219,7 @@ class AgentGymFormat:
             observation,
             lambda turn: [{"role": "assistant", "content": turn.reply or ""}],
             lambda turn: False,
+            AgentGymFormat.name,
         )
 
     @staticmethod

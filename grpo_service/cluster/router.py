@@ -50,9 +50,10 @@ _ID_IN_BODY = re.compile(f'"{TAGGED_ID_PATTERN}"'.encode())  # a whole JSON stri
 _ID_IN_PATH = re.compile(f"/{TAGGED_ID_PATTERN}(?=/|$)")  # a whole path segment
 _HOP_HEADERS = frozenset({b"host", b"content-length", b"connection", b"keep-alive", b"transfer-encoding"})
 
-# Answered by the front's own app: the docs, /info, the viewer (the trace DB is on this node) and
-# OpenEnv's sessions (a WebSocket and its /mcp calls stay in one process: this one).
-LOCAL_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/info", "/viewer", "/openenv")
+# Answered by the front's own app: the docs, /info and the viewer (the trace DB is on this node).
+# OpenEnv's routes go to the hosts like the rest: /mcp by its session id, and the front's
+# WebSockets reach their sessions through /openenv/<env>/link (`grpo_service.openenv.links`).
+LOCAL_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/info", "/viewer")
 HOME_PREFIXES = ("/agentgym/", "/train", "/training/", "/inference", "/models")
 HOME_PATHS = frozenset({"/"})  # the training API's root
 LISTINGS: dict[str, tuple[str, type[BaseModel], str, str]] = {

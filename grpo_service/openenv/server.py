@@ -19,12 +19,11 @@ import asyncio
 import contextlib
 import json
 import logging
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
-from pydantic import ValidationError
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from envs.base import ENVIRONMENTS, environment_class
@@ -37,146 +36,70 @@ from grpo_service.models import EnvAction
 from grpo_service.openenv import mcp
 from grpo_service.openenv.frames import (
     ErrorCode,
-    Frame,
     FrameError,
     HealthStatus,
     Metadata,
     Observation,
     Schemas,
     State,
-    validation_failed,
 )
-from grpo_service.openenv.sessions import Session, Sessions
+from grpo_service.openenv.links import CAPACITY_CLOSE, ClusterLink, LinkRequest, LocalLink, Outcome
+from grpo_service.openenv.sessions import Sessions
 
 log = logging.getLogger(__name__)
 
 PREFIX = "/openenv"
 SEND_TIMEOUT_S = 30.0  # a client that stops reading its socket loses the session after this
 DOCS_URL = "https://github.com/meta-pytorch/OpenEnv"
-FRAME_TYPES = frozenset({"reset", "step", "state", "close", "list_tools", "call_tool", "mcp"})
-
-
-class Closing(Exception):
-    """Ends the socket's session (the client's ``close`` frame, a fatal error, a dead socket)."""
-
-    def __init__(self, reason: str, code: int = 1000) -> None:
-        super().__init__(reason)
-        self.reason, self.code = reason, code
 
 
 class Connection:
-    """One WebSocket's session: frames in, exactly one reply per frame out (``close`` excepted)."""
+    """One WebSocket: frames in, exactly one reply per frame out (``close`` excepted), each
+    answered through ``link`` (the session here, or on its Ray host)."""
 
-    def __init__(self, websocket: WebSocket, sessions: Sessions, session: Session | None) -> None:
+    def __init__(self, websocket: WebSocket, link: LocalLink | ClusterLink, idle_s: float) -> None:
         self.websocket = websocket
-        self.sessions = sessions
-        self.session = session
-        self.settings = sessions.services.settings
+        self.link = link
+        self.idle_s = idle_s
 
-    async def serve(self) -> str:
-        """Answer frames until the session ends; return why it ended."""
-        while True:
-            try:
-                try:
-                    raw = await self._receive()
-                except FrameError as exc:  # the env went away while the socket was idle
-                    raise await self._fatal(exc) from None
-                reply = await self.answer(raw)
-            except Closing as stop:
-                if stop.reason != "disconnected":
-                    await self.close(stop.code)
-                return stop.reason
-            if reply is not None:
-                await self.send(reply)
-
-    async def answer(self, raw: str | None) -> dict[str, Any] | None:
-        """The reply to one frame (``None`` when ``raw`` was a timeout that changed nothing)."""
-        if raw is None:
-            return None
+    async def serve(self, attach_to: str | None) -> None:
+        outcome = await self.link.open(attach_to)
+        if outcome.session_id is None:  # refused: at capacity, or no such session to attach to
+            await self._finish(outcome)
+            return
+        reason = "disconnected"
         try:
-            return await self._dispatch(self._parse(raw))
-        except FrameError as exc:
-            if exc.fatal:
-                raise await self._fatal(exc) from None
-            return exc.frame()
-        except Closing:
-            raise
-        except Exception as exc:  # a fault here must not cost the client its session
-            log.exception("OpenEnv frame failed on %s", self.sessions.env_name)
-            return FrameError(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}").frame()
+            while outcome.close is None:
+                raw = await self._receive()
+                if raw is False:
+                    return
+                outcome = await (self.link.check() if raw is None else self.link.frame(raw))
+                if not await self._finish(outcome):
+                    return
+            reason = outcome.reason
+        finally:
+            await asyncio.shield(self.link.end(reason))
 
-    async def _fatal(self, exc: FrameError) -> Closing:
-        """Send the error that ends the session; the `Closing` to raise."""
-        await self.send(exc.frame())
-        return Closing(exc.code.lower(), 1013 if exc.code == ErrorCode.CAPACITY_REACHED else 1000)
+    async def _finish(self, outcome: Outcome) -> bool:
+        """Send the outcome's reply and close if it says so; False if the socket is gone."""
+        if outcome.reply is not None and not await self._send(outcome.reply):
+            return False
+        if outcome.close is not None and self.websocket.client_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.websocket.close(outcome.close), timeout=SEND_TIMEOUT_S)
+        return True
 
-    def _parse(self, raw: str) -> Frame:
-        if len(raw) > self.settings.max_request_bytes:
-            raise FrameError(
-                ErrorCode.VALIDATION_ERROR,
-                f"frame of {len(raw)} characters exceeds the {self.settings.max_request_bytes} byte limit",
-            )
+    async def _receive(self) -> str | None | Literal[False]:
+        """The next frame's text; ``None`` after an idle spell (time to check on the env);
+        ``False`` once the client is gone."""
         try:
-            message = strict_json(raw)
-        except (json.JSONDecodeError, UnicodeError) as exc:
-            raise FrameError(ErrorCode.INVALID_JSON, f"Invalid JSON: {exc}") from None
-        if not isinstance(message, dict):
-            raise FrameError(ErrorCode.VALIDATION_ERROR, "a frame is a JSON object with a 'type'")
-        kind = message.get("type")
-        if kind not in FRAME_TYPES:
-            raise FrameError(
-                ErrorCode.UNKNOWN_TYPE,
-                f"Unknown message type: {str(kind)[:64]!r}; expected one of {', '.join(sorted(FRAME_TYPES))}",
-            )
-        try:
-            return Frame.model_validate(message)
-        except ValidationError as exc:
-            raise validation_failed(exc, f"{kind} frame") from None
-
-    async def _dispatch(self, frame: Frame) -> dict[str, Any]:
-        sessions, session = self.sessions, self.session
-        assert session is not None  # a connection without a session only sends its refusal
-        match frame.type:
-            case "reset":
-                return {"type": "observation", "data": await sessions.reset(session, frame.data)}
-            case "step":
-                return {"type": "observation", "data": await sessions.step(session, frame.data)}
-            case "state":
-                return {"type": "state", "data": sessions.state(session)}
-            case "list_tools":
-                tools = sessions.tools()
-                return {
-                    "type": "observation",
-                    "data": {"observation": {"tools": tools}, "reward": None, "done": False},
-                }
-            case "call_tool":
-                if frame.tool_name is None:
-                    raise FrameError(ErrorCode.VALIDATION_ERROR, "a call_tool frame needs 'tool_name'")
-                result = await sessions.call_tool(session, frame.tool_name, frame.arguments or {})
-                data = result["data"]
-                observation = {"tool_name": frame.tool_name, "result": result, "error": None}
-                return {
-                    "type": "observation",
-                    "data": {"observation": observation, "reward": data["reward"], "done": data["done"]},
-                }
-            case "mcp":
-                return {"type": "mcp", "data": await mcp.handle(frame.data or {}, sessions, bound=session)}
-            case _:  # "close"
-                raise Closing("closed")
-
-    async def _receive(self) -> str | None:
-        """The next text frame; ``None`` after an idle TTL during which the env stayed alive."""
-        ttl = max(self.settings.idle_ttl_s, 1.0)
-        try:
-            message = await asyncio.wait_for(self.websocket.receive(), timeout=ttl)
+            message = await asyncio.wait_for(self.websocket.receive(), timeout=self.idle_s)
         except TimeoutError:
-            assert self.session is not None
-            self.sessions.check_alive(self.session)  # SESSION_ERROR (fatal) if the reaper took the env
             return None
         except (WebSocketDisconnect, RuntimeError):
-            raise Closing("disconnected") from None
+            return False
         if message["type"] == "websocket.disconnect":
-            raise Closing("disconnected")
+            return False
         if message.get("text") is not None:
             return message["text"]
         try:
@@ -184,7 +107,7 @@ class Connection:
         except UnicodeDecodeError:
             return "\x00"  # not UTF-8: answered INVALID_JSON like any other unreadable frame
 
-    async def send(self, reply: dict[str, Any]) -> None:
+    async def _send(self, reply: dict[str, Any]) -> bool:
         try:
             text = json.dumps(reply, ensure_ascii=False, allow_nan=False)
         except ValueError as exc:  # an env observation with a NaN: the client gets the error instead
@@ -192,20 +115,19 @@ class Connection:
         try:
             await asyncio.wait_for(self.websocket.send_text(text), timeout=SEND_TIMEOUT_S)
         except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
-            raise Closing("disconnected") from None
-
-    async def close(self, code: int) -> None:
-        if self.websocket.client_state == WebSocketState.CONNECTED:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self.websocket.close(code), timeout=SEND_TIMEOUT_S)
+            return False
+        return True
 
 
-async def websocket_session(websocket: WebSocket, sessions: Sessions) -> None:
+KEY_HEADERS = (b"x-api-key", b"authorization")
+
+
+async def websocket_session(websocket: WebSocket, sessions: Sessions, app: FastAPI) -> None:
     """``/ws``: check the key, accept, open (or attach to) a session, serve it, release it."""
-    expected = sessions.services.settings.environment_api_key
-    if expected is not None:
+    settings = sessions.services.settings
+    if settings.environment_api_key is not None:
         try:
-            check_key(websocket, expected)
+            check_key(websocket, settings.environment_api_key)
         except Unauthorized as exc:
             if "websocket.http.response" in websocket.scope.get("extensions", {}):
                 await websocket.send_denial_response(JSONResponse(error_body(exc.code, exc.message), 401))
@@ -213,28 +135,19 @@ async def websocket_session(websocket: WebSocket, sessions: Sessions) -> None:
                 await websocket.close(1008, exc.message)
             return
     await websocket.accept()
-    attach_to = websocket.query_params.get("session_id")
-    session: Session | None = None
-    reason = "disconnected"
-    try:
-        try:
-            session = sessions.attach(attach_to) if attach_to else await sessions.open()
-        except FrameError as exc:  # at capacity, or no such session to attach to
-            connection = Connection(websocket, sessions, None)
-            with contextlib.suppress(Closing):
-                await connection.close((await connection._fatal(exc)).code)
-            return
-        reason = await Connection(websocket, sessions, session).serve()
-    finally:
-        if session is not None:
-            if attach_to:
-                sessions.detach(session)
-            else:
-                await asyncio.shield(sessions.close(session, reason))
+    link: LocalLink | ClusterLink
+    if settings.ray_address is None:
+        link = LocalLink(sessions)
+    else:  # the envs live on the Ray hosts: each operation goes to the session's host
+        headers = [(k, v) for k, v in websocket.scope["headers"] if k in KEY_HEADERS]
+        link = ClusterLink(app, f"{PREFIX}/{sessions.env_name}/link", headers)
+    idle_s = max(settings.idle_ttl_s, 1.0)
+    await Connection(websocket, link, idle_s).serve(websocket.query_params.get("session_id"))
 
 
-def openenv_server(env_name: str, services: Services) -> FastAPI:
-    """The OpenEnv server of environment ``env_name``, sharing the service's envs and settings."""
+def openenv_server(env_name: str, services: Services, app: FastAPI) -> FastAPI:
+    """The OpenEnv server of environment ``env_name``, sharing the service's envs and settings
+    (``app``: the service's app, through which a Ray front reaches its hosts)."""
     cls = environment_class(env_name)
     sessions = Sessions(env_name, services)
     server = FastAPIOffline(  # its /docs load Swagger UI from the package, as the service's do
@@ -291,7 +204,14 @@ def openenv_server(env_name: str, services: Services) -> FastAPI:
 
     @server.websocket("/ws")
     async def ws(websocket: WebSocket) -> None:
-        await websocket_session(websocket, sessions)
+        await websocket_session(websocket, sessions, app)
+
+    @server.post("/link", include_in_schema=False, dependencies=[Depends(require_api_key)])
+    async def link(request: LinkRequest) -> JSONResponse:
+        """A Ray front's socket, operating its session on this host (internal)."""
+        outcome = await LocalLink(sessions).serve(request)
+        full = outcome.reply is not None and outcome.close == CAPACITY_CLOSE
+        return JSONResponse(outcome.model_dump(mode="json"), 429 if full else 200)
 
     return server
 
@@ -299,4 +219,4 @@ def openenv_server(env_name: str, services: Services) -> FastAPI:
 def mount(app: FastAPI, services: Services) -> None:
     """Mount one OpenEnv server per registered environment at ``/openenv/<env_name>``."""
     for name in sorted(ENVIRONMENTS):
-        app.mount(f"{PREFIX}/{name}", openenv_server(name, services))
+        app.mount(f"{PREFIX}/{name}", openenv_server(name, services, app))

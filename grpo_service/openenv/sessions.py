@@ -42,6 +42,7 @@ class Session:
     recorder: EpisodeRecorder
     episode_id: str
     step_count: int = 0
+    socket_owned: bool = False  # opened by its WebSocket: ends with it
     socket_attached: bool = False
     closed: bool = False
 
@@ -59,7 +60,7 @@ class Sessions:
 
     # ------------------------------------------------------------------------------- lifecycle
 
-    async def open(self, *, seed: int | None = None) -> Session:
+    async def open(self, *, seed: int | None = None, socket_owned: bool = False) -> Session:
         """A new session over a new env (``CAPACITY_REACHED`` when the service is full)."""
         self._forget_expired()
         try:
@@ -78,6 +79,7 @@ class Sessions:
             env_id=handle.id,
             recorder=self._recorder(handle, RL_RUN_ID, episode_id),
             episode_id=episode_id,
+            socket_owned=socket_owned,
         )
         self._sessions[session.id] = session
         return session
@@ -99,9 +101,8 @@ class Sessions:
             tagged = TAGGED_ID.match(session_id)
             if tagged and tagged.group(1) != INSTANCE_ID:
                 message = (
-                    f"session {session_id} lives in another worker or replica (instance {tagged.group(1)}; "
-                    f"this is {INSTANCE_ID}): a WebSocket attaching to an MCP session needs a "
-                    "single-worker server"
+                    f"session {session_id} lives in another replica of this service (instance "
+                    f"{tagged.group(1)}; this is {INSTANCE_ID}): use sticky routing, or serve through Ray"
                 )
             raise FrameError(ErrorCode.SESSION_ERROR, message, fatal=True)
         return session
@@ -116,8 +117,12 @@ class Sessions:
         session.socket_attached = True
         return session
 
-    def detach(self, session: Session) -> None:
-        session.socket_attached = False
+    async def release(self, session: Session, reason: str) -> None:
+        """Its WebSocket is gone: a session the socket opened ends, an attached one stays open."""
+        if session.socket_owned:
+            await self.close(session, reason)
+        else:
+            session.socket_attached = False
 
     async def close(self, session: Session, reason: str = "closed") -> bool:
         """Trace the episode under way, terminate the env, forget the session. Idempotent."""

@@ -50,13 +50,18 @@ def strip_images(observation: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
 
 
+LLM_RECORD_FIELDS = tuple(LLMCallRecord.model_fields)
+
+
 def llm_record(call: LLMCall | None, with_tokens: bool) -> LLMCallRecord | None:
+    """The call's record, built without validation: the client checked every field's type
+    already (validating would walk the thousands of token ids again, once per decision)."""
     if call is None:
         return None
-    record = LLMCallRecord.model_validate(call, from_attributes=True)
-    if with_tokens:
-        return record
-    return record.model_copy(update=dict.fromkeys(TOKEN_FIELDS))
+    fields = {name: getattr(call, name) for name in LLM_RECORD_FIELDS}
+    if not with_tokens:
+        fields.update(dict.fromkeys(TOKEN_FIELDS))
+    return LLMCallRecord.model_construct(**fields)
 
 
 def step_record(d: DecisionTrace, record: RolloutRecordConfig, with_tokens: bool) -> RolloutStep:

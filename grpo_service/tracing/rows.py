@@ -125,6 +125,15 @@ class _Messages:
         return idx
 
 
+def _request_without_messages(request: dict[str, Any]) -> dict[str, Any]:
+    """The request's parameters, secrets redacted. The tool schemas (the environment's own, the
+    same every turn) are kept as they are rather than walked again for secrets each turn."""
+    params = redact({k: v for k, v in request.items() if k not in ("messages", "tools")})
+    if "tools" in request:
+        params["tools"] = request["tools"]
+    return params
+
+
 def _completion_message(response: dict[str, Any] | None) -> dict[str, Any] | None:
     """The assistant message of the first choice, without the null fields SDKs add."""
     if not isinstance(response, dict):
@@ -188,7 +197,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
                     session_id,
                     d.turn,
                     call.request.get("model") or call.model,
-                    dumps(redact({k: v for k, v in call.request.items() if k != "messages"})),
+                    dumps(_request_without_messages(call.request)),
                     dumps(call.response),
                     call.finish_reason,
                     usage.get("prompt_tokens"),

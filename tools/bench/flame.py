@@ -17,7 +17,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("crafter simulation", ("/site-packages/crafter/", "/envs/crafter/sim.py")),
     ("agent: prompt and reply", ("/envs/agent/", "/envs/crafter/policy.py", "/inference/tool_calls.py")),
     ("env wrapper: text observation", ("/envs/crafter/", "/envs/base.py")),
-    ("trace writer", ("/grpo_service/tracing/",)),
+    ("trace writer (encoding, SQLite)", ("/grpo_service/tracing/", "/site-packages/aiosqlite/")),
     (
         "openai client and its HTTP",
         (
@@ -126,7 +126,7 @@ _COLORS = {
     "crafter simulation": "#8fbc8f",
     "agent: prompt and reply": "#f4a460",
     "env wrapper: text observation": "#b0d8a0",
-    "trace writer": "#d8a0d8",
+    "trace writer (encoding, SQLite)": "#d8a0d8",
     "openai client and its HTTP": "#f08080",
     "records, trajectories, metrics": "#ffd27f",
     "coordinator and episode loop": "#ffe4a0",

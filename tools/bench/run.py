@@ -157,14 +157,14 @@ class Ratio:
 
 
 RATIOS: tuple[Ratio, ...] = (
-    Ratio("step_vs_raw", "env_steps_per_s", "raw_crafter_steps_per_s", 2.0, "env / raw step rate"),
-    Ratio("reset_cached_vs_raw", "raw_reset_s", "env_reset_cached_s", 50.0, "raw reset / cached reset"),
+    Ratio("step_vs_raw", "env_steps_per_s", "raw_crafter_steps_per_s", 4.0, "env / raw step rate"),
+    Ratio("reset_cached_vs_raw", "raw_reset_s", "env_reset_cached_s", 500.0, "raw reset / cached reset"),
     Ratio("http_vs_inproc", "http_steps_per_s", "env_steps_per_s", 0.7, "HTTP step rate / in-process"),
     Ratio(
         "rollout_vs_inproc", "rollout_steps_per_s", "env_steps_per_s", 0.7, "rollout step rate / in-process"
     ),
     Ratio("llm_bound_efficiency", "llm_bound", "llm_bound_ideal", 0.9, "achieved / ideal decisions/s"),
-    Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.95, "traced / untraced"),
+    Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.98, "traced / untraced"),
 )
 RATIO_KEYS = tuple(r.key for r in RATIOS)
 
