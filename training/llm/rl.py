@@ -455,8 +455,8 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                     console.print(
                         f"[yellow]warning[/]: server and trainer logprobs differ by up to "
                         f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g}); "
-                        "with vLLM, a named or required tool_choice samples from a grammar-masked "
-                        "distribution: let the model choose (policy_config.extra_body.tool_choice 'auto')"
+                        "with tools, vLLM grammar-masks the calls it samples and reports the masked "
+                        "logprobs: use a text action format (docs/training.md)"
                     )
                 path = save_weights(weights_dir / f"step-{step + 1}", model, tokenizer)
                 version += 1
