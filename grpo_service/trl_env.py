@@ -31,6 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import httpx
@@ -323,6 +324,31 @@ def tool_schemas(env_class: type[TaskAppEnv]) -> list[dict[str, Any]]:
     return [get_json_schema(getattr(env_class, name)) for name in tool_names(env_class)]
 
 
+DONE = {"role": "assistant", "content": "Done."}
+
+
+def assistant_tool_call(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message calling tool ``name``, in the shape TRL parses a reply into."""
+    return {
+        "role": "assistant",
+        "tool_calls": [{"type": "function", "function": {"name": name, "arguments": arguments}}],
+    }
+
+
+def solver_reply(env: TaskAppEnv, row: dict[str, Any] | None = None, *, tool: str = "act") -> Reply:
+    """A text game's scripted solver (the env's ``oracle`` config shows its next action) as the
+    assistant: the action as a call of ``tool``, then Done once the episode is over. A teacher for
+    `write_demonstrations` (``row`` is the episode's dataset row, unused)."""
+
+    def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> dict[str, Any]:
+        action = env.observation.get("oracle_action")
+        if env.done or action is None:
+            return DONE
+        return assistant_tool_call(tool, {"action": str(action)})
+
+    return reply
+
+
 @dataclass
 class Episode:
     messages: list[dict[str, Any]]
@@ -361,3 +387,24 @@ def play_episode(
                 result = {"error": str(exc)}
             messages.append({"role": "tool", "name": function["name"], "content": str(result)})
     return Episode(messages, tools, env.get_reward(), env.done, env.steps)
+
+
+def write_demonstrations(
+    env_class: type[TaskAppEnv],
+    prompt: list[dict[str, Any]],
+    rows: list[dict[str, Any]],
+    path: Path,
+    teacher: Callable[[TaskAppEnv, dict[str, Any]], Reply],
+    max_turns: int,
+) -> list[Episode]:
+    """A teacher's episodes in TRL's conversation shape as chat JSONL (``train --type sft``
+    input: warm-start a model so that it calls the env's tools before TRL trains it)."""
+    env = env_class()
+    try:
+        episodes = [play_episode(env, prompt, row, teacher(env, row), max_turns) for row in rows]
+    finally:
+        env._close()
+    with open(path, "w", encoding="utf-8") as f:
+        for episode in episodes:
+            f.write(json.dumps({"messages": episode.messages, "tools": episode.tools}) + "\n")
+    return episodes

@@ -1,6 +1,7 @@
 """Per-turn credit from forking groups against plain GRPO, at an equal budget of sampled decisions.
 
     python scripts/bench_tree_credit.py run --sft-from bench_llm --out bench_tree --mode tree --seeds 0 1 2
+    python scripts/bench_tree_credit.py run --sft-from bench_llm --out bench_tree --mode sft --seeds 0 1 2
     python scripts/bench_tree_credit.py summarize --out bench_tree
 
 ``run`` starts, from one SFT checkpoint (a ``scripts/bench_llm_loop.py`` run's OUT: its model and
@@ -8,8 +9,9 @@
 GRPO with ``advantage = MODE`` until ``--turn-budget`` decisions have been sampled (every member's,
 a fork's continuations included), then evaluates on the same held-out tasks as bench_llm_loop.py.
 ``group`` plays groups of ``--group-size`` from one start; ``tree`` plays ``--roots`` roots, each
-forked by ``--fork`` (default: at its most uncertain turn into 2 continuations). The two modes can
-run side by side (one process each, so they share the machine's load alike).
+forked by ``--fork`` (default: at its most uncertain turn into 2 continuations). ``sft`` trains
+nothing: it evaluates the SFT checkpoint again per seed, the evaluation's own noise (it samples at
+``--eval-temperature``). Modes and seeds can run side by side (one process each).
 
 ``summarize`` writes OUT/report.json (per mode: held-out success per seed, mean and spread, the
 share of groups with no signal, wall time, decisions and tokens sampled) and OUT/curves.png.
@@ -41,7 +43,7 @@ from training.llm.config import RLConfig  # noqa: E402
 from training.llm.rl import train_rl  # noqa: E402
 from training.llm.server import ModelEngine, create_model_app  # noqa: E402
 
-MODES = ("group", "tree")
+MODES = ("sft", "group", "tree")  # sft: no training, the SFT checkpoint evaluated again (eval noise)
 DEFAULT_FORK = {"rule": "max_entropy", "count": 1, "continuations": 2}
 
 
@@ -94,6 +96,13 @@ def run(args: argparse.Namespace) -> None:
         with ServerThread(create_app(settings), name="task-app") as app:
             for seed in args.seeds:
                 run_dir = out / f"seed-{seed}"
+                if args.mode == "sft":
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    held_out = evaluate(app, game, eval_tasks, args)
+                    result = {"mode": "sft", "seed": seed, "eval": held_out}
+                    (run_dir / "result.json").write_text(json.dumps(result, indent=2) + "\n")
+                    print(f"sft evaluation {seed}: success {held_out['success_rate']:.2f}", flush=True)
+                    continue
                 config = rl_config(args, args.mode, seed, sft, run_dir, (app.base_url, model_server.base_url))
                 started = time.monotonic()
                 rl = train_rl(config, task_app=TaskAppClient(app.base_url))
@@ -162,29 +171,33 @@ def trace_facts(out: Path, mode: str) -> dict[str, Any]:
 
 
 def summarize(args: argparse.Namespace) -> None:
-    base = json.loads((args.sft_from / "report.json").read_text()) if args.sft_from else None
-    report: dict[str, Any] = {"sft": base["eval_sft"] if base else None, "modes": {}}
+    report: dict[str, Any] = {"modes": {}}
     runs: dict[str, list[dict[str, Any]]] = {}
     for mode in MODES:
         results = sorted(args.out.glob(f"{mode}/seed-*/result.json"))
         if not results:
             continue
-        runs[mode] = [
-            json.loads(p.read_text()) | {"metrics": _metrics(p.parent / "metrics.jsonl")} for p in results
-        ]
-        success = [r["eval"]["success_rate"] for r in runs[mode]]
-        groups = sum(r["rl"]["totals"].get("groups", 0) for r in runs[mode])
-        silent = sum(r["rl"]["totals"].get("groups_all_equal", 0) for r in runs[mode])
-        tokens = [sum(m.get("completion_tokens", 0) for m in r["metrics"]) for r in runs[mode]]
-        report["modes"][mode] = {
-            "seeds": [r["seed"] for r in runs[mode]],
+        evaluated = [json.loads(p.read_text()) for p in results]
+        success = [r["eval"]["success_rate"] for r in evaluated]
+        held_out = {
+            "seeds": [r["seed"] for r in evaluated],
             "success": success,
             "success_mean": statistics.fmean(success),
             "success_sd": statistics.stdev(success) if len(success) > 1 else 0.0,
             "success_by_level": {
-                level: statistics.fmean(r["eval"]["success_by_level"][level] for r in runs[mode])
-                for level in runs[mode][0]["eval"]["success_by_level"]
+                level: statistics.fmean(r["eval"]["success_by_level"][level] for r in evaluated)
+                for level in evaluated[0]["eval"]["success_by_level"]
             },
+        }
+        if mode == "sft":
+            report["modes"][mode] = held_out
+            continue
+        metrics = [_metrics(p.parent / "metrics.jsonl") for p in results]
+        runs[mode] = [r | {"metrics": m} for r, m in zip(evaluated, metrics, strict=True)]
+        groups = sum(r["rl"]["totals"].get("groups", 0) for r in runs[mode])
+        silent = sum(r["rl"]["totals"].get("groups_all_equal", 0) for r in runs[mode])
+        tokens = [sum(m.get("completion_tokens", 0) for m in r["metrics"]) for r in runs[mode]]
+        report["modes"][mode] = held_out | {
             "groups": groups,
             "groups_no_signal": silent,
             "share_no_signal": silent / groups if groups else None,
@@ -201,12 +214,13 @@ def summarize(args: argparse.Namespace) -> None:
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report, runs, args.out / "curves.png")
     for mode, m in report["modes"].items():
-        print(
-            f"{mode:5s} held-out success {m['success_mean']:.3f} (sd {m['success_sd']:.3f}, "
-            f"seeds {m['success']}); "
-            f"no-signal groups {m['groups_no_signal']}/{m['groups']}; wall {m['rl_wall_s']} s; "
-            f"decisions {m['decisions']}; tokens {m['completion_tokens']}"
-        )
+        line = f"{mode} held-out success {m['success_mean']:.3f} (sd {m['success_sd']:.3f}: {m['success']})"
+        if mode != "sft":
+            line += (
+                f"; no-signal groups {m['groups_no_signal']}/{m['groups']}; wall {m['rl_wall_s']} s; "
+                f"decisions {m['decisions']}; tokens {m['completion_tokens']}"
+            )
+        print(line)
 
 
 def plot(report: dict[str, Any], runs: dict[str, list[dict[str, Any]]], path: Path) -> None:
@@ -233,19 +247,16 @@ def plot(report: dict[str, Any], runs: dict[str, list[dict[str, Any]]], path: Pa
         ax.set_ylim(0, 1)
         ax.legend()
     modes = list(report["modes"])
-    labels = (["after SFT"] if report["sft"] else []) + [f"GRPO {m}" for m in modes]
-    means = ([report["sft"]["success_rate"]] if report["sft"] else []) + [
-        report["modes"][m]["success_mean"] for m in modes
-    ]
-    sds = ([0.0] if report["sft"] else []) + [report["modes"][m]["success_sd"] for m in modes]
-    bar_colors = (["#999"] if report["sft"] else []) + [colors[m] for m in modes]
-    axes[2].bar(labels, means, yerr=sds, capsize=6, color=bar_colors)
-    for j, m in enumerate(modes):
-        x = j + (1 if report["sft"] else 0)
+    colors["sft"] = "#999"
+    labels = ["after SFT" if m == "sft" else f"GRPO {m}" for m in modes]
+    means = [report["modes"][m]["success_mean"] for m in modes]
+    sds = [report["modes"][m]["success_sd"] for m in modes]
+    axes[2].bar(labels, means, yerr=sds, capsize=6, color=[colors[m] for m in modes])
+    for x, m in enumerate(modes):
         seeds = report["modes"][m]["success"]
         axes[2].scatter([x] * len(seeds), seeds, color="k", zorder=3)
     axes[2].set_ylim(0, 1)
-    axes[2].set_title("held-out success (mean, sd over seeds; dots: seeds)")
+    axes[2].set_title("held-out success (mean, sd; dots: seeds or evaluations)")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -259,8 +270,8 @@ def main() -> None:
     parser.add_argument("--mode", choices=MODES, default="group")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="Training seeds.")
     parser.add_argument("--env", choices=sorted(GAMES), default="babyai")
-    parser.add_argument("--turn-budget", type=int, default=1500, help="Decisions sampled per run.")
-    parser.add_argument("--groups", type=int, default=6, help="B: starts per GRPO step.")
+    parser.add_argument("--turn-budget", type=int, default=500, help="Decisions sampled per run.")
+    parser.add_argument("--groups", type=int, default=4, help="B: starts per GRPO step.")
     parser.add_argument("--group-size", type=int, default=6, help="G of mode group.")
     parser.add_argument("--roots", type=int, default=4, help="G of mode tree (each root forks).")
     parser.add_argument("--fork", default=json.dumps(DEFAULT_FORK), help="Mode tree's fork plan (JSON).")

@@ -81,10 +81,12 @@ def test_fuzzing_the_routes_outside_the_schema_finds_no_5xx(
 
 @pytest.mark.parametrize("game", ["textcraft", "babyai", "sciworld"])
 def test_fuzzing_the_agentgym_servers_finds_no_5xx(
-    start_server: Callable[..., ServerThread], tmp_path: Path, game: str
+    start_server: Callable[..., ServerThread], tmp_path: Path, game: str, serving: str
 ) -> None:
     """The AgentGym-compatible servers are sub-apps with their own schema: no 5xx, and bodies
     that violate it (``{"id": false}``, a float task index) are rejected, not read as id 0."""
+    if serving == "ray" and game != "textcraft":  # the front forwards every game alike
+        pytest.skip("through Ray, one game is fuzzed: the route to the home host is the same")
     server = start_server()
     base = f"{server.base_url}/agentgym/{game}"
     result = run_schemathesis(

@@ -175,3 +175,40 @@ def test_two_fronts_serve_one_cluster_s_hosts(ray_local: None, tmp_path: Path) -
         for actor in ray.util.list_named_actors(all_namespaces=True):  # kept hosts: ours to end
             if actor["namespace"] == first.ray_namespace:
                 ray.kill(ray.get_actor(actor["name"], namespace=first.ray_namespace))
+
+
+def test_a_background_group_is_spread_and_its_status_joins_the_shares(
+    ray_local: None, tmp_path: Path
+) -> None:
+    from grpo_service import create_app
+    from tests.conftest import served_settings
+    from tools.server_thread import ServerThread
+
+    body = {
+        "group_size": 4,
+        "env": {"env_name": "crafter", "seed": 5},
+        "policy": {"policy_name": "crafter-random", "config": {"seed": 1}},
+        "max_turns": 4,
+    }
+    with ServerThread(create_app(served_settings(tmp_path, "ray")), name="front").start(
+        timeout_s=60
+    ) as front:
+        started = post(front.base_url, "/rollout/group/start", body)
+        assert started.status_code == 202, started.text
+        group_id = started.json()["run_id"]
+        deadline = time.monotonic() + 60
+        while True:
+            status = httpx.get(f"{front.base_url}/run/status/{group_id}", timeout=10).json()
+            if status["status"] != "running":
+                break
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+        assert status["status"] == "completed" and status["ops_executed"] == status["ops_total"] == 4 * 8
+        assert [m["group_index"] for m in status["members"]] == [0, 1, 2, 3]
+        result = status["result"]
+        assert [m["run_id"] for m in result["members"]] == [f"{group_id}.{i}" for i in range(4)]
+        assert result["metrics"]["completed"] == 4 and len(result["metrics"]["returns"]) == 4
+        member = httpx.get(f"{front.base_url}/run/status/{group_id}.3", timeout=10).json()
+        assert member["status"] == "completed"  # a member is found on whichever host ran it
+        blocking = post(front.base_url, "/rollout/group", body).json()  # the same seeds, the same play
+        assert blocking["metrics"]["returns"] == result["metrics"]["returns"]

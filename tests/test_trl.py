@@ -17,11 +17,19 @@ import pytest
 
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
-from grpo_service.trl_env import SERVICE_CLOCK, TaskAppEnv, TaskAppError, environment_factory, tool_schemas
+from grpo_service.trl_env import (
+    DONE,
+    SERVICE_CLOCK,
+    TaskAppEnv,
+    TaskAppError,
+    assistant_tool_call,
+    environment_factory,
+    tool_schemas,
+    write_demonstrations,
+)
 from tests.conftest import make_settings
 from tests.llm_helpers import CORPUS
 from tests.llm_toy import WORDS, toy_plugins
-from tests.trl_helpers import DONE, tool_call, write_demonstrations
 from tools.server_thread import ServerThread
 from training.llm.model import ModelSpec, init_model
 
@@ -58,7 +66,7 @@ def say_a_word(env: TaskAppEnv, row: dict[str, Any]) -> Any:
     """The teacher: one word picked by the row's seed, then Done (the model learns the format,
     and its words still vary, so GRPO's groups are not all equal)."""
     word = random.Random(row["seed"]).choice(WORDS)
-    return lambda messages, tools: DONE if env.done else tool_call("say", {"actions": [word]})
+    return lambda messages, tools: DONE if env.done else assistant_tool_call("say", {"actions": [word]})
 
 
 @pytest.fixture(scope="module")

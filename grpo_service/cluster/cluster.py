@@ -320,8 +320,18 @@ class Cluster:
         return HostUnavailable(f"no live Ray host to serve this (lost hosts: {lost})", code="no_host")
 
     async def maybe_refresh(self, every_s: float = 5.0) -> None:
+        """Look for hosts other fronts started, at most every ``every_s`` (a failure waits too)."""
         if time.monotonic() - self._refreshed > every_s:
-            await self.refresh()
+            try:
+                await asyncio.wait_for(self.refresh(), CALL_TIMEOUT_S)
+            except Exception:  # the hosts known so far keep serving
+                log.exception("could not list the Ray hosts of namespace %s", self.namespace)
+
+    def answering(self) -> list[HostRef]:
+        """Live hosts that have not just failed to answer (all live ones if every host has)."""
+        now = time.monotonic()
+        ranked = self.by_load()
+        return [h for h in ranked if h.suspect_until <= now] or ranked
 
     # ------------------------------------------------------------------------------- calls
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 from collections.abc import Sequence
@@ -26,9 +27,6 @@ from grpo_service.tracing.traces import RolloutTrace
 
 HOST_PREFIX = "grpo-host-"
 TRACE_SINK_NAME = "grpo-traces"
-
-# Listings and counts the front gathers from every host (`Host.summaries`).
-LISTED = ("env", "policy", "run")
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
 
@@ -118,15 +116,18 @@ class Host:
             await self.tracer.flush()
         return answer
 
-    async def group_part(self, body: bytes, members: Sequence[int]) -> Any:
-        """Members ``members`` of the group ``body`` asks for (a `RolloutGroupResponse` of
-        those members), or the error the whole group would get, as ``(status, code, detail)``."""
+    async def group_part(self, body: bytes, members: Sequence[int], background: bool = False) -> Any:
+        """Members ``members`` of the group ``body`` asks for: a `RolloutGroupResponse` of those
+        members (``background``: started, its run id), or the error the whole group would get,
+        as ``(status, code, detail)``."""
         from pydantic import ValidationError
 
         from grpo_service.models import RolloutGroupRequest
 
         try:
             req = RolloutGroupRequest.model_validate_json(body)
+            if background:
+                return self.services.coordinator.start_group(req, members=list(members)).id
             return await self.services.coordinator.group(req, members=list(members))
         except ServiceError as exc:
             return (exc.status_code, exc.code, exc.message)
@@ -214,6 +215,4 @@ async def call_asgi(
 
 
 def _error_json(code: str, detail: str) -> bytes:
-    import json
-
     return json.dumps(error_body(code, detail)).encode()

@@ -5,13 +5,14 @@
 - Work that names no live id is *placed*: on the least loaded host (a client-chosen ``run_id``
   always on the host its hash picks, which sees duplicates), and on the next one when a host
   answers 429 (full): capacity limits are split over the hosts and hold for the cluster.
-- ``POST /rollout/group`` and ``POST /rollouts`` are spread: each host plays a share of the
-  members or ids, and the front joins the answers (one call per host, not per rollout).
+- ``POST /rollout/group`` (and ``/start``) and ``POST /rollouts`` are spread: each host plays a
+  share of the members or ids, and the front joins the answers (one call per host, not per
+  rollout); ``/run/status`` joins a background group's shares.
 - ``/run/status`` and ``/run/abort`` ask every host (a client's run id names no host, a spread
   group has a part on each); the listings and ``/health`` add up every host's.
 - Training jobs and AgentGym's integer-id sessions live on one host (`Cluster.home`).
-- The docs, ``/info``, the trace viewer (the trace DB is on the front's node) and OpenEnv's
-  WebSocket sessions answer here, in the front's own process.
+- The docs, ``/info`` and the trace viewer (the trace DB is on the front's node) answer here;
+  OpenEnv's WebSockets end here too, their sessions on hosts (`grpo_service.openenv.links`).
 """
 
 from __future__ import annotations
@@ -28,9 +29,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from grpo_service.batch import batch_response
-from grpo_service.cluster.cluster import Cluster, HostRef
+from grpo_service.cluster.cluster import Cluster, HostRef, share
 from grpo_service.cluster.host import Answer, call_asgi
-from grpo_service.errors import HostUnavailable, ServiceError, WrongInstance, error_body, send_error
+from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
     BatchRolloutResult,
     BatchRolloutsRequest,
@@ -41,6 +42,7 @@ from grpo_service.models import (
     RolloutGroupRequest,
     RolloutGroupResponse,
     RunList,
+    RunStarted,
 )
 from grpo_service.paging import Page, paginate
 from grpo_service.registry import TAGGED_ID_PATTERN, new_id
@@ -62,6 +64,7 @@ LISTINGS: dict[str, tuple[str, type[BaseModel], str, str]] = {
     "/policy/list": ("policy", PolicyList, "policies", "created_at"),
     "/run/list": ("run", RunList, "runs", "started_at"),
 }
+SPREAD_PATHS = frozenset({"/rollout/group", "/rollout/group/start", "/rollouts"})
 ROLLOUT_PATHS = frozenset(
     {"/rollout", "/rollout/start", "/rollout/group", "/rollout/group/start", "/rollouts"}
 )
@@ -103,8 +106,8 @@ class ClusterRouter:
             return await self._forward(self.cluster.home(), request)
         if path.startswith("/run/status/") or path == "/run/abort":
             return await self._ask_every_host(request)
-        if method == "POST" and path in ("/rollout/group", "/rollouts") and len(self.cluster.live()) > 1:
-            spread = self._group if path == "/rollout/group" else self._batch
+        if method == "POST" and path in SPREAD_PATHS and len(self.cluster.live()) > 1:
+            spread = self._batch if path == "/rollouts" else self._group
             answer = await spread(request)
             if answer is not None:
                 return answer
@@ -132,11 +135,12 @@ class ClusterRouter:
         key = request.run_id()
         hosts = self.cluster.by_key(key) if key is not None else self.cluster.by_load()
         answer: Answer | None = None
+        retry = request.path not in ROLLOUT_PATHS  # a rollout cut by a lost host is not replayed
         for host in hosts:
             try:
                 answer = await self._forward(host, request, weight=_weight(request.path))
-            except HostUnavailable:
-                if host is hosts[-1]:
+            except (HostUnavailable, HostLost):
+                if not retry or host is hosts[-1]:
                     raise
                 continue
             if answer[0] != 429:
@@ -198,12 +202,14 @@ class ClusterRouter:
     # ------------------------------------------------------------------------------ spread
 
     async def _group(self, request: _Request) -> Answer | None:
-        """A group's members split over the hosts, one `Host.group_part` call each."""
+        """A group's members split over the hosts, one `Host.group_part` call each; started in
+        the background for ``/rollout/group/start`` (``/run/status`` joins the shares)."""
+        background = request.path == "/rollout/group/start"
         try:
             req = RolloutGroupRequest.model_validate_json(request.body)
         except ValidationError:
             return None  # one host answers the 422, as embedded
-        hosts = self.cluster.by_load()[: req.group_size]
+        hosts = self.cluster.answering()[: req.group_size]
         if len(hosts) < 2 or req.group_size > self.cluster.settings.max_group_size or req.fork is not None:
             return None  # one host answers (a fork plan's continuations fork from its members' envs)
         group_id = req.group_id or f"{hosts[0].tag}-{new_id()}"
@@ -215,8 +221,10 @@ class ClusterRouter:
         async def part(host: HostRef, members: list[int]) -> Any:
             host.inflight += len(members)
             try:
-                return await self.cluster.call(host, "group_part", body, members)
+                return await self.cluster.call(host, "group_part", body, members, background)
             except ServiceError as exc:  # the host is lost: its members failed, the group goes on
+                if background:  # nothing will report them: the start fails as a whole
+                    return (exc.status_code, exc.code, exc.message)
                 return [
                     GroupMember(group_index=i, run_id=f"{group_id}.{i}", status="failed", error=exc.message)
                     for i in members
@@ -234,6 +242,9 @@ class ClusterRouter:
         if refused:  # every part checks the same request: the first refusal is the group's
             status, code, detail = refused[0]
             return _json_answer(status, error_body(code, detail), retry=status == 429)
+        if background:
+            begun = RunStarted(run_id=group_id, status="running", status_url=f"/run/status/{group_id}")
+            return _json_answer(202, begun.model_dump(mode="json"))
         members = [m for r in results for m in (r.members if isinstance(r, RolloutGroupResponse) else r)]
         members.sort(key=lambda m: m.group_index)
         response = group_response(group_id, members, time.monotonic() - started, req.group_size)
@@ -245,14 +256,15 @@ class ClusterRouter:
             req = BatchRolloutsRequest.model_validate_json(request.body)
         except ValidationError:
             return None
-        hosts = self.cluster.by_load()[: len(req.ids)]
+        # No more hosts than the caller's concurrency: together the shares keep its bound.
+        hosts = self.cluster.answering()[: min(len(req.ids), req.concurrency)]
         if len(hosts) < 2:
             return None
         chunks = _split(req.ids, len(hosts))
         started = time.monotonic()
 
         async def part(host: HostRef, ids: list[int]) -> Answer | list[BatchRolloutResult]:
-            concurrency = max(1, -(-req.concurrency * len(ids) // len(req.ids)))
+            concurrency = share(req.concurrency, hosts.index(host), len(hosts))
             sub = req.model_copy(update={"ids": ids, "concurrency": concurrency})
             try:
                 return await self._forward(host, request.with_body(sub.model_dump_json().encode()), len(ids))
@@ -331,6 +343,12 @@ def _joined_status(parts: list[dict[str, Any]]) -> dict[str, Any]:
     first = dict(parts[0])
     members = sorted((m for p in parts for m in (p.get("members") or [])), key=lambda m: m["group_index"])
     running = any(p["status"] == "running" for p in parts)
+    results = [p["result"] for p in parts if p.get("result") is not None]
+    if first["kind"] == "group" and not running and len(results) == len(parts):  # all shares done
+        shares = [RolloutGroupResponse.model_validate(r) for r in results]
+        joined = sorted((m for share in shares for m in share.members), key=lambda m: m.group_index)
+        wall_s = max(share.metrics.wall_time_s for share in shares)
+        first["result"] = group_response(first["run_id"], joined, wall_s, len(joined)).model_dump(mode="json")
     first.update(
         members=members,
         status="running" if running else first["status"],

@@ -75,8 +75,8 @@ class RolloutCoordinator:
         run = self._register_group(req, members)
         return await self._run_group(run, req)
 
-    def start_group(self, req: RolloutGroupRequest) -> RunHandle:
-        run = self._register_group(req)
+    def start_group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RunHandle:
+        run = self._register_group(req, members)
         return _in_background(run, self._run_group(run, req))
 
     def abort(self, run_id: str) -> RunHandle:

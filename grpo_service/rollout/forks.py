@@ -157,7 +157,7 @@ class ForkingGroup:
         member = Membership(self.run.id, index, env, deadline=self.deadline, before_decision=before_decision)
         try:
             played = await self.coordinator.play_member(self.member_runs[index], self.req, member)
-            if self.fixed is None and played.result is not None:
+            if self.fixed is None and played.result is not None and not self.run.abort.is_set():
                 self._fork_by_rule(index, played.result)
         finally:
             self.captures.pop(index, None)

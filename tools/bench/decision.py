@@ -16,7 +16,7 @@ the decisions it made: robust to a busy machine where wall-clock rates are not.
   service from another checkout (the harness stays this one): how regressions are bisected.
 - ``embedded``: the coordinator called in this process (``build_services``, no HTTP).
 
-``--profile PREFIX`` also samples the measured window with py-spy (``pip install py-spy``) and
+``--profile PREFIX`` also samples the measured window with py-spy (``pip install -e '.[profile]'``) and
 writes ``PREFIX.txt`` (collapsed stacks), ``PREFIX.png`` (a flame graph) and ``PREFIX.json``
 (the CPU budget per part: `tools.bench.flame.PARTS`, in microseconds per decision). A profiled
 run's own CPU figure is inflated by the sampling; take budgets as shares of an unprofiled run.
@@ -122,7 +122,7 @@ def sampled(pid: int, prefix: Path | None, rate: int = 250) -> Iterator[None]:
         return
     spy = shutil.which("py-spy")
     if spy is None:
-        raise SystemExit("--profile needs py-spy: pip install py-spy")
+        raise SystemExit("--profile needs py-spy: pip install -e '.[profile]' (or pip install py-spy)")
     out = prefix.with_suffix(".txt")
     cmd = [spy, "record", "--pid", str(pid), "-r", str(rate), "-f", "raw", "--full-filenames", "-o", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
