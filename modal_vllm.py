@@ -6,11 +6,17 @@
 Then point the task app at it (docs/modal.md): ``VLLM_BASE_URL`` = this function's URL,
 ``DEFAULT_MODEL`` = ``MODEL``, ``INFERENCE_API_KEY`` = the key above.
 
-Configured at deploy time by ``GRPO_VLLM_MODEL``, ``GRPO_VLLM_REVISION`` and ``GRPO_VLLM_GPU``.
-They are baked into the image's environment, so the container, which imports this file
-again, serves what was deployed. Not run here (no GPU, no Modal account): the flags below are
-checked against vLLM 0.11.2's argument parser and chat-completion handler, and the Modal calls
-against modal 1.6's API.
+Configured at deploy time by ``GRPO_VLLM_MODEL``, ``GRPO_VLLM_REVISION``, ``GRPO_VLLM_GPU`` and
+``GRPO_VLLM_WEIGHT_SYNC``. They are baked into the image's environment, so the container, which
+imports this file again, serves what was deployed.
+
+The server is the one the suite runs on the CPU (`inference.vllm_server`): the same vLLM
+release (the CPU build there, the CUDA one here) with the same flags. ``GRPO_VLLM_WEIGHT_SYNC=1``
+turns on vLLM's RL routes (``/pause``, ``/collective_rpc``, ``/update_weight_version``, ...)
+for a GRPO trainer (`training.llm.weight_sync`, docs/modal.md). vLLM's API key guards only
+``/v1/...``, so these routes are then put behind Modal's proxy auth (``Modal-Key`` and
+``Modal-Secret`` headers on every request) as well. Not run here (no GPU, no Modal account):
+the Modal calls are checked against modal 1.6's API (tests/test_modal.py).
 """
 
 from __future__ import annotations
@@ -20,12 +26,12 @@ import subprocess
 
 import modal
 
-# `return_token_ids` (response: prompt_token_ids + choices[].token_ids) arrived in 0.10.2
-# (vllm#22587); 0.11.2's chat handler was read to confirm it fills both.
-VLLM_VERSION = "0.11.2"
+from inference.vllm_server import VLLM_VERSION, serve_args, serve_env
+
 MODEL = os.environ.get("GRPO_VLLM_MODEL", "Qwen/Qwen3-4B")
 MODEL_REVISION = os.environ.get("GRPO_VLLM_REVISION", "")  # a commit hash pins the weights
 GPU = os.environ.get("GRPO_VLLM_GPU", "L40S")  # 48 GB: a 4B model in bf16 plus a large KV cache
+WEIGHT_SYNC = os.environ.get("GRPO_VLLM_WEIGHT_SYNC", "") == "1"
 
 APP_NAME = "grpo-vllm"
 SECRET_NAME = "grpo-vllm-secrets"  # VLLM_API_KEY: vLLM then requires it as a Bearer token
@@ -36,7 +42,15 @@ MAX_INPUTS = 256  # concurrent requests per replica; vLLM batches them on the GP
 vllm_image = (
     modal.Image.debian_slim(python_version="3.12")
     .uv_pip_install(f"vllm=={VLLM_VERSION}")
-    .env({"GRPO_VLLM_MODEL": MODEL, "GRPO_VLLM_REVISION": MODEL_REVISION, "GRPO_VLLM_GPU": GPU})
+    .env(
+        {
+            "GRPO_VLLM_MODEL": MODEL,
+            "GRPO_VLLM_REVISION": MODEL_REVISION,
+            "GRPO_VLLM_GPU": GPU,
+            "GRPO_VLLM_WEIGHT_SYNC": "1" if WEIGHT_SYNC else "",
+        }
+    )
+    .add_local_python_source("inference")  # the flags, shared with `grpo-service serve-vllm`
 )
 hf_cache = modal.Volume.from_name("huggingface-cache", create_if_missing=True)
 vllm_cache = modal.Volume.from_name("vllm-cache", create_if_missing=True)
@@ -45,15 +59,8 @@ app = modal.App(APP_NAME)
 
 
 def vllm_command(model: str = MODEL, revision: str = MODEL_REVISION, port: int = PORT) -> list[str]:
-    cmd = ["vllm", "serve", model, "--served-model-name", model, "--host", "0.0.0.0", "--port", str(port)]
-    if revision:
-        cmd += ["--revision", revision]
-    # Qwen3 writes tool calls as Hermes-style <tool_call> JSON; "auto" tool choice needs both flags.
-    cmd += ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
-    # Sample exactly as each request says: by default vLLM would add the model's
-    # generation_config.json defaults (Qwen3: top_k=20), silently changing the RL policy.
-    cmd += ["--generation-config", "vllm"]
-    return cmd
+    args = serve_args(model, served_model_name=model, host="0.0.0.0", port=port, revision=revision or None)
+    return ["python", "-m", "vllm.entrypoints.openai.api_server", *args]
 
 
 @app.function(
@@ -67,11 +74,12 @@ def vllm_command(model: str = MODEL, revision: str = MODEL_REVISION, port: int =
     max_containers=1,
 )
 @modal.concurrent(max_inputs=MAX_INPUTS)
-@modal.web_server(port=PORT, startup_timeout=20 * MINUTES)  # first boot downloads the weights
+# First boot downloads the weights. With weight sync on, every route needs Modal's proxy auth too.
+@modal.web_server(port=PORT, startup_timeout=20 * MINUTES, requires_proxy_auth=WEIGHT_SYNC)
 def serve() -> None:
     if not os.environ.get("VLLM_API_KEY"):
         raise RuntimeError(f"VLLM_API_KEY is missing from the Modal secret {SECRET_NAME!r}")
-    subprocess.Popen(vllm_command())
+    subprocess.Popen(vllm_command(), env={**os.environ, **serve_env(weight_sync=WEIGHT_SYNC)})
 
 
 @app.local_entrypoint()

@@ -11,22 +11,62 @@ def chat_choice(
     content: str | None,
     tool_calls: list[dict[str, Any]],
     finish_reason: str,
+    tool_choice: Any = None,
     reasoning: str | None = None,
 ) -> dict[str, Any]:
-    """One ``choices[i]`` without logprobs or token ids (the caller adds those when asked);
-    ``reasoning`` is the ``<think>`` text a reasoning parser split off the content."""
+    """One ``choices[i]`` without logprobs or token ids (the caller adds those when asked), laid
+    out as vLLM 0.32 lays it out for the request's ``tool_choice``:
+
+    - a named or ``"required"`` tool choice: ``content`` is a string (``""`` when empty) and
+      ``tool_calls`` is always there; otherwise ``tool_calls`` appears only when a call was parsed;
+    - ``finish_reason`` is ``"tool_calls"`` when an ``auto`` choice parsed calls, or a ``required``
+      one stopped; a named choice keeps the sampler's reason (OpenAI's rule, which vLLM follows);
+    - ``reasoning``, the ``<think>`` text a reasoning parser split off the content, is
+      ``message.reasoning`` (vLLM 0.32's name).
+    """
+    named, required = isinstance(tool_choice, dict), tool_choice == "required"
+    message: dict[str, Any] = {"role": "assistant", "content": content, "reasoning": reasoning}
+    if named or required:
+        message["content"] = content or ""
+        message["tool_calls"] = tool_calls
+    elif tool_calls:
+        message["tool_calls"] = tool_calls
+    if (tool_calls and not named and not required) or (required and finish_reason == "stop"):
+        finish_reason = "tool_calls"
     return {
         "index": index,
-        "message": {
-            "role": "assistant",
-            "content": content,
-            "tool_calls": tool_calls,
-            "reasoning_content": reasoning,
-        },
+        "message": message,
         "logprobs": None,
         "finish_reason": finish_reason,
         "stop_reason": None,
     }
+
+
+def context_error(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> str | None:
+    """vLLM 0.32's refusal (a 400) of a request that does not fit the context, else None.
+
+    vLLM refuses a ``max_tokens`` above the context and a prompt longer than it; a prompt that
+    fits with less room than ``max_tokens`` asks is not refused: the completion is cut at the
+    context's end (`completion_budget`, ``finish_reason: "length"``).
+    """
+    if max_tokens is not None and max_tokens > max_model_len:
+        return (
+            f"max_tokens={max_tokens} cannot be greater than max_model_len={max_model_len}. "
+            "Please request fewer output tokens."
+        )
+    if prompt_tokens > max_model_len:
+        return (
+            f"This model's maximum context length is {max_model_len} tokens. However, your prompt contains "
+            f"{prompt_tokens} input tokens, which exceeds this limit even without any output tokens. "
+            "Please reduce the length of the input prompt."
+        )
+    return None
+
+
+def completion_budget(prompt_tokens: int, max_tokens: int | None, max_model_len: int) -> int:
+    """The most tokens vLLM samples: ``max_tokens`` (default: no limit) within the context left."""
+    room = max_model_len - prompt_tokens
+    return room if max_tokens is None else min(max_tokens, room)
 
 
 def error_body(message: str, kind: str, code: int) -> dict[str, Any]:

@@ -220,7 +220,7 @@ def check_choice(response: dict[str, Any], index: int) -> dict[str, Any]:
     message = choice.get("message")
     if not isinstance(message, dict):
         raise _malformed(f"{where}.message", "an object")
-    for key in ("content", "reasoning_content", "refusal", "role"):
+    for key in ("content", "reasoning", "reasoning_content", "refusal", "role"):
         _check_str(message.get(key), f"{where}.message.{key}")
     calls = message.get("tool_calls")
     if calls is not None and not isinstance(calls, list):

@@ -60,14 +60,14 @@ def serve_args(
     return args
 
 
-def serve_env(*, weight_sync: bool = True, kv_cache_gib: float | None = None) -> dict[str, str]:
+def serve_env(*, weight_sync: bool = True, kv_cache_gib: int | None = None) -> dict[str, str]:
     """Environment variables vLLM reads at start (added to the caller's environment)."""
     env: dict[str, str] = {"VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1", "HF_HUB_OFFLINE": "1"}
     if weight_sync:
         env["VLLM_SERVER_DEV_MODE"] = "1"
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     if kv_cache_gib is not None:
-        env["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gib:g}"
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)  # whole GiB: vLLM parses an int
     return env
 
 

@@ -1,11 +1,13 @@
 """Seed 001's loop as a benchmark: does a model made here learn to play a text game?
 
     python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
+        [--sampler serve-model|vllm]
 
-Everything runs in this process on 127.0.0.1: `init-model` (a Qwen3 with a tokenizer trained on
-the game's text) → the task app and `serve-model` → collect the scripted solver's traced
-rollouts (the game's own LLM agent with ``teacher: oracle``: the agent's exact prompts answered
-by the solver's action) → `export-sft` → SFT → GRPO against the task app → `eval` on held-out
+Everything runs on 127.0.0.1: `init-model` (a Qwen3 with a tokenizer trained on the game's text)
+→ the task app and the sampler (`serve-model` in this process, or the real vLLM with ``--sampler
+vllm``; both load new weights through vLLM's weight-sync routes) → collect the scripted solver's
+traced rollouts (the game's own LLM agent with ``teacher: oracle``: the agent's exact prompts
+answered by the solver's action) → `export-sft` → SFT → GRPO against the task app → `eval` on held-out
 tasks after each stage. The default game is BabyAI's single-room "go to" levels, which the
 model plays in AgentGym's conversation (``Action: go to red ball 1``).
 
@@ -34,12 +36,13 @@ from grpo_service.eval import EvalConfig, run_eval
 from grpo_service.llm_training import TaskAppClient
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
+from tools.bench.samplers import sampler_server
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
 from training.llm.model import ModelSpec, environment_corpus, init_model
 from training.llm.rl import train_rl
-from training.llm.server import ModelEngine, create_model_app
 from training.llm.sft import train_sft
+from training.llm.weight_sync import WeightSync
 
 BABYAI_LEVELS = 40  # AgentGym's task numbering: task i plays level i % 40 with reset seed i // 40
 
@@ -193,6 +196,9 @@ def main() -> None:
         "--seed", type=int, default=0, help="Seed of initialisation, data order and sampling."
     )
     parser.add_argument(
+        "--sampler", choices=["serve-model", "vllm"], default="serve-model", help="The inference server."
+    )
+    parser.add_argument(
         "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
     )
     args = parser.parse_args()
@@ -227,7 +233,6 @@ def main() -> None:
     else:
         info = previous["model"]
     lap("init-model")
-    engine = ModelEngine(model_dir, served_name="tiny", max_batch_rows=32)
     db = out / "traces.db"
     db.unlink(missing_ok=True)
     report: dict[str, Any] = {
@@ -236,12 +241,12 @@ def main() -> None:
         "model": info,
         "args": vars(args) | {"out": str(out), "sft_from": str(args.sft_from)},
     }
-    with ServerThread(create_model_app(engine), name="model-server") as model_server:
+    with sampler_server(args.sampler, model_dir, out, served_name="tiny", max_model_len=2048) as sampler_url:
         settings = Settings(
             _env_file=None,
             state_dir=out / "state",
             trace_db=db,
-            vllm_base_url=model_server.base_url,
+            vllm_base_url=sampler_url,
             snapshot_secret="bench-" + "x" * 32,
         )
         with ServerThread(create_app(settings), name="task-app") as app:
@@ -279,7 +284,7 @@ def main() -> None:
                 sft = {"final": str(args.sft_from / "sft" / "final")}
                 report["sft"] = previous["sft"]
                 report["export"] = previous.get("export")
-            engine.reload_weights(sft["final"])
+            WeightSync(sampler_url).load(Path(sft["final"]), 0)
             report["eval_sft"] = evaluate(app, game, eval_tasks, args)
             lap("eval sft")
             rl = train_rl(
@@ -287,7 +292,7 @@ def main() -> None:
                     model=sft["final"],
                     out=str(out / "rl"),
                     task_app_url=app.base_url,
-                    model_server_url=model_server.base_url,
+                    model_server_url=sampler_url,
                     env_name=game.env,
                     policy_name=game.policy,
                     policy_config=policy_config(args, temperature=1.0),
@@ -318,7 +323,6 @@ def main() -> None:
             lap("rl")
             report["eval_rl"] = evaluate(app, game, eval_tasks, args)
             lap("eval rl")
-    engine.close()
     report["timings_s"] = timings
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     plot_report(report, out / "report.png")

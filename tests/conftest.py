@@ -216,3 +216,22 @@ def real_trace_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("viewer")
     record_real_db(root / "task_app_traces_real.db", root / "state")
     return root / "task_app_traces_real.db"
+
+
+# ------------------------------------------------------------- the real vLLM server
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real vLLM (CPU build) serving a tiny checkpoint made here: one per session (it takes
+    about a minute to start). Tests that load other weights into it load these back."""
+    from tests.vllm_helpers import RealVLLM, make_vllm_checkpoint, start_vllm, vllm_python
+
+    vllm_python()  # skip (or fail on CI) before making a checkpoint
+    root = tmp_path_factory.mktemp("vllm")
+    checkpoint = make_vllm_checkpoint(root / "model")
+    server = start_vllm(checkpoint, root / "vllm.log")
+    try:
+        yield RealVLLM(server, checkpoint)
+    finally:
+        server.stop()

@@ -104,6 +104,18 @@ def test_progress_lines_show_every_kind_of_value() -> None:
     assert _shown(object()) == ""  # a run's figures are logged on the next line
 
 
+def test_bench_samplers_smoke_reports_each_sampler() -> None:
+    """`grpo-service bench samplers` at smoke size on the two stand-ins (vLLM's run is the
+    benchmark's, a minute to start: tests/test_vllm_service.py covers the server itself)."""
+    from tools.bench.samplers import run_samplers_bench
+
+    report = run_samplers_bench("smoke", log=lambda _: None, samplers=("fake", "serve-model"))
+    assert set(report["samplers"]) == {"fake", "serve-model"}
+    for row in report["samplers"].values():
+        assert row["decisions_per_s"] > 0 and 0 < row["sampler_share"] < 1
+        assert row["task_app_share"] == pytest.approx(1 - row["sampler_share"], abs=1e-3)
+
+
 def test_decision_cost_smoke_both_modes(tmp_path: Path) -> None:
     """`tools.bench.decision`: one tiny load embedded and over HTTP; the JSON has a CPU figure."""
     from tools.bench.decision import main

@@ -123,7 +123,9 @@ async def test_step_returns_canonical_tool_call_and_tokens(context: PolicyContex
     assert len(llm.completion_token_ids) == len(llm.completion_logprobs or [])
     meta = decision.meta
     assert meta["model"] == "fake-model" and meta["inference_url"] == context.inference_url + "/v1"
-    assert meta["turn_index"] == 0 and meta["latency_ms"] > 0 and meta["finish_reason"] == "tool_calls"
+    assert (
+        meta["turn_index"] == 0 and meta["latency_ms"] > 0 and meta["finish_reason"] == "stop"
+    )  # named tool_choice
     assert meta["usage"]["total_tokens"] > 0
     assert policy.turn_index == 1
 

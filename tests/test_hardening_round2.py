@@ -335,7 +335,7 @@ def test_malformed_non_finite_and_huge_replies_are_recorded_policy_errors(
         ).fetchall()
         for table, column in columns:
             for (value,) in conn.execute(f'SELECT "{column}" FROM "{table}"'):  # noqa: S608
-                if isinstance(value, str) and value[:1] in "[{":
+                if isinstance(value, str) and value.startswith(("[", "{")):
                     json.loads(value, parse_constant=_refuse)
 
 

@@ -353,13 +353,27 @@ def test_vllm_app_serves_qwen3_with_tool_calls_on_a_gpu(monkeypatch: pytest.Monk
     assert concurrency["max_inputs"] >= 32
 
     cmd = module.vllm_command()
-    assert cmd[:3] == ["vllm", "serve", "Qwen/Qwen3-4B"]
+    assert cmd[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
     pairs = dict(zip(cmd, cmd[1:], strict=False))
+    assert pairs["--model"] == "Qwen/Qwen3-4B" and pairs["--generation-config"] == "vllm"
     assert pairs["--tool-call-parser"] == "hermes" and "--enable-auto-tool-choice" in cmd
     assert pairs["--port"] == str(module.PORT) and pairs["--host"] == "0.0.0.0"
     assert pairs["--served-model-name"] == "Qwen/Qwen3-4B"
-    major, minor, patch = (int(part) for part in module.VLLM_VERSION.split("."))
-    assert (major, minor, patch) >= (0, 10, 2), "return_token_ids needs vLLM >= 0.10.2"
+    from inference.vllm_server import VLLM_VERSION
+
+    assert module.VLLM_VERSION == VLLM_VERSION  # the release the suite runs (its CPU build)
+    assert server["requires_proxy_auth"] is False  # weight sync off: vLLM's key guards /v1
+
+
+def test_vllm_app_with_weight_sync_puts_every_route_behind_proxy_auth(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GRPO_VLLM_WEIGHT_SYNC", "1")
+    module, calls = load_recorded(ROOT / "modal_vllm.py", monkeypatch)
+    [(_, server)] = calls["web_server"]
+    assert server["requires_proxy_auth"] is True
+    [(args, _)] = calls["env"]
+    assert args[1]["GRPO_VLLM_WEIGHT_SYNC"] == "1"
 
 
 def test_vllm_app_config_is_baked_into_its_image(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -369,4 +383,5 @@ def test_vllm_app_config_is_baked_into_its_image(monkeypatch: pytest.MonkeyPatch
     [(args, _)] = calls["env"]
     assert args[1]["GRPO_VLLM_MODEL"] == "Qwen/Qwen3-8B" and args[1]["GRPO_VLLM_REVISION"] == "abc123"
     cmd = module.vllm_command()
-    assert cmd[2] == "Qwen/Qwen3-8B" and dict(zip(cmd, cmd[1:], strict=False))["--revision"] == "abc123"
+    pairs = dict(zip(cmd, cmd[1:], strict=False))
+    assert pairs["--model"] == "Qwen/Qwen3-8B" and pairs["--revision"] == "abc123"

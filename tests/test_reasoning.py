@@ -46,7 +46,7 @@ def test_model_server_splits_reasoning_before_parsing_tool_calls() -> None:
     req = ChatRequest(messages=[{"role": "user", "content": "hi"}], tools=tools)
     choice = _choice(0, sample, req, tokenizer=None)
     message = choice["message"]
-    assert message["reasoning_content"] == f"maybe {CALL}" and message["content"] is None
+    assert message["reasoning"] == f"maybe {CALL}" and message["content"] is None
     assert [json.loads(c["function"]["arguments"]) for c in message["tool_calls"]] == [
         {"action": "go forward"}
     ]
@@ -54,7 +54,7 @@ def test_model_server_splits_reasoning_before_parsing_tool_calls() -> None:
     plain = _choice(
         0, Sample([1], [-0.1], [], "stop", "Action: go"), ChatRequest(messages=req.messages), None
     )
-    assert plain["message"]["content"] == "Action: go" and plain["message"]["reasoning_content"] is None
+    assert plain["message"]["content"] == "Action: go" and plain["message"]["reasoning"] is None
 
 
 def test_export_sft_writes_reasoning_where_qwen3s_template_reads_it() -> None:

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inference.completions import chat_choice, error_body
+from inference.completions import chat_choice, completion_budget, context_error, error_body
 from tools.server_thread import ServerThread
 from tools.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
 
@@ -85,6 +85,11 @@ class FakeConfig(BaseModel):
     )
     supports_token_ids: bool = Field(
         default=True, description="False: ignore `return_token_ids`, like OpenAI or Groq."
+    )
+    max_model_len: int = Field(
+        default=32_768,
+        ge=16,
+        description="Context length: prompt + max_tokens beyond it is a 400, as vLLM's.",
     )
     timeout_fault_s: float = Field(default=30.0, gt=0, le=60)
     retry_after_s: float = Field(default=0.05, ge=0)
@@ -206,7 +211,7 @@ def _logprob_entries(tokens: list[str], logprobs: list[float], top_k: int) -> li
 
 
 def _choice(
-    index: int, body: dict[str, Any], cfg: FakeConfig, fault: str, base_seed: int
+    index: int, body: dict[str, Any], cfg: FakeConfig, fault: str, base_seed: int, max_tokens: int
 ) -> tuple[dict[str, Any], int]:
     rng = random.Random(stable_hash(base_seed, index))
     tools = body.get("tools") or []
@@ -219,7 +224,7 @@ def _choice(
         text = f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
         call_id = f"chatcmpl-tool-{rng.getrandbits(64):016x}"
         tool_calls = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
-        finish = "tool_calls"
+        finish = "stop"
     else:
         text = content = rng.choice(_TEXT_REPLIES)
         if cfg.text_actions:
@@ -229,14 +234,13 @@ def _choice(
         finish = "stop"
 
     tokens = tokenize(text)
-    max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-    if isinstance(max_tokens, int) and len(tokens) > max_tokens:
+    if len(tokens) > max_tokens:
         tokens = tokens[:max_tokens]
         content, tool_calls, finish = " ".join(tokens), [], "length"
     ids = [token_id(t) for t in tokens]
     logprobs = [-round(rng.expovariate(3.0) + 1e-4, 6) for _ in tokens]
 
-    choice = chat_choice(index, content, tool_calls, finish)
+    choice = chat_choice(index, content, tool_calls, finish, body.get("tool_choice"))
     if body.get("logprobs"):
         top_k = int(body.get("top_logprobs") or 0)
         choice["logprobs"] = {"content": _logprob_entries(tokens, logprobs, top_k)}
@@ -258,9 +262,11 @@ def build_completion(
         cfg.seed, messages, tools, body.get("tool_choice"), body.get("seed"), request_number if varies else 0
     )
     n = int(body.get("n") or 1)
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    budget = completion_budget(len(prompt_ids), asked, cfg.max_model_len)
     choices, completion_tokens = [], 0
     for i in range(n):
-        choice, used = _choice(i, body, cfg, fault, base_seed)
+        choice, used = _choice(i, body, cfg, fault, base_seed, budget)
         choices.append(choice)
         completion_tokens += used
     response: dict[str, Any] = {
@@ -294,6 +300,10 @@ def _validate_body(body: Any, cfg: FakeConfig) -> JSONResponse | None:
         value = body.get(key)
         if value is not None and (not isinstance(value, int) or value < 1):
             return JSONResponse(error_body(f"{key} must be a positive integer", "BadRequestError", 400), 400)
+    temperature = body.get("temperature")
+    if isinstance(temperature, int | float) and temperature < 0:
+        msg = f"temperature must be non-negative, got {temperature}."
+        return JSONResponse(error_body(msg, "BadRequestError", 400), 400)
     if cfg.strict_model and body.get("model") != cfg.model:
         msg = f"The model `{body.get('model')}` does not exist."
         return JSONResponse(error_body(msg, "NotFoundError", 404), 404)
@@ -311,6 +321,9 @@ def _answer(body: dict[str, Any], cfg: FakeConfig, fault: str, number: int) -> R
         code = int(fault[-3:])
         return JSONResponse(error_body(f"injected {code}", "InternalServerError", code), code)
     completion = build_completion(body, cfg, fault, number)
+    asked = body.get("max_completion_tokens") or body.get("max_tokens")
+    if refused := context_error(completion["usage"]["prompt_tokens"], asked, cfg.max_model_len):
+        return JSONResponse(error_body(refused, "BadRequestError", 400), 400)
     if fault == "malformed_json":
         return Response(json.dumps(completion)[:-7], media_type="application/json")
     if fault == "cut_stream":

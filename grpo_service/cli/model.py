@@ -114,7 +114,7 @@ def serve_vllm_command(
     max_model_len: Annotated[
         int | None, typer.Option(min=64, help="Context length (default: the checkpoint's).")
     ] = None,
-    kv_cache_gib: Annotated[float, typer.Option(min=0.1, help="CPU KV cache size (GiB).")] = 1.0,
+    kv_cache_gib: Annotated[int, typer.Option(min=1, help="CPU KV cache size (whole GiB).")] = 1,
     weight_sync: Annotated[
         bool,
         typer.Option(help="Expose vLLM's RL routes (/pause, /collective_rpc, ...) for `train --type rl`."),

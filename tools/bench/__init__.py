@@ -6,6 +6,7 @@ See docs/benchmark.md for what each figure means and how it is measured.
 
 from __future__ import annotations
 
+import importlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -17,6 +18,13 @@ if TYPE_CHECKING:
     from rich.table import Table
 
 __all__ = ["FIGURE_KEYS", "RATIO_KEYS", "bench_main", "render_table", "run_bench"]
+
+# `grpo-service bench SECTION`: the module tools/bench/SECTION.py, its runner and its renderer.
+SECTIONS: dict[str, tuple[str, str]] = {
+    "train": ("run_train_bench", "render_train_report"),
+    "scale": ("run_scale_bench", "render_scale_report"),
+    "samplers": ("run_samplers_bench", "render_samplers_report"),
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -80,7 +88,8 @@ def bench_main(
         str | None,
         typer.Argument(
             help="`train`: our GRPO against SB3's PPO on CartPole (tools/bench/train.py); `scale`: "
-            "embedded against served through Ray with 1 and N hosts (tools/bench/scale.py)."
+            "embedded against served through Ray with 1 and N hosts (tools/bench/scale.py); `samplers`: "
+            "GRPO groups against real vLLM, serve-model and the fake (tools/bench/samplers.py)."
         ),
     ] = None,
     quick: Annotated[
@@ -115,35 +124,26 @@ def bench_main(
 
     mode = "smoke" if smoke else ("quick" if quick else "full")
     console = Console()
-    if section == "train":
-        from tools.bench.train import render_train_report, run_train_bench
 
-        train_report = run_train_bench(
-            mode, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
-        )
-        render_train_report(train_report, console)
+    def save(report: dict[str, Any]) -> None:
         if json_path is not None:
-            json_path.write_text(json.dumps(train_report, indent=2) + "\n")
+            json_path.write_text(json.dumps(report, indent=2) + "\n")
             console.print(f"wrote {json_path}")
-        return
-    if section == "scale":
-        from tools.bench.scale import render_scale_report, run_scale_bench
-
-        scale_report = run_scale_bench(
-            mode, log=lambda s: console.print(s, style="dim", highlight=False, markup=False)
-        )
-        render_scale_report(scale_report, console)
-        if json_path is not None:
-            json_path.write_text(json.dumps(scale_report, indent=2) + "\n")
-            console.print(f"wrote {json_path}")
-        return
-    if section is not None:
-        console.print(f"[red]unknown bench section {section!r}[/]: 'train' or 'scale'")
-        raise typer.Exit(2)
 
     def log(line: str) -> None:
         # markup=False: a progress line such as "spread [1.2, 3.4]" is text, not a rich tag.
         console.print(line, style="dim", highlight=False, markup=False)
+
+    if section is not None:
+        if section not in SECTIONS:
+            console.print(f"[red]unknown bench section {section!r}[/]: {', '.join(map(repr, SECTIONS))}")
+            raise typer.Exit(2)
+        module = importlib.import_module(f"tools.bench.{section}")
+        run_name, render_name = SECTIONS[section]
+        section_report = getattr(module, run_name)(mode, log=log)
+        getattr(module, render_name)(section_report, console)
+        save(section_report)
+        return
 
     report: dict[str, Any] = {"mode": mode}
     if not envs_only:
@@ -152,6 +152,4 @@ def bench_main(
     if envs or envs_only:
         report["environments"] = env_bench.run_env_bench(mode, log)
         env_bench.render(report["environments"], console)
-    if json_path is not None:
-        json_path.write_text(json.dumps(report, indent=2) + "\n")
-        console.print(f"wrote {json_path}")
+    save(report)

@@ -166,9 +166,9 @@ def init_model(out: Path, texts: Iterable[str], spec: ModelSpec | None = None) -
     model.generation_config = GenerationConfig(
         eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     )
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    from training.llm.run import save_weights
+
+    save_weights(out, model, tokenizer)
     info = {
         "parameters": sum(p.numel() for p in model.parameters()),
         "vocab_size": len(tokenizer),

@@ -454,7 +454,9 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                 if metrics["logprob_max_abs_diff"] > config.fidelity_tolerance:
                     console.print(
                         f"[yellow]warning[/]: server and trainer logprobs differ by up to "
-                        f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g})"
+                        f"{metrics['logprob_max_abs_diff']:.2e} (tolerance {config.fidelity_tolerance:g}); "
+                        "with tools, vLLM grammar-masks the calls it samples and reports the masked "
+                        "logprobs: use a text action format (docs/training.md)"
                     )
                 path = save_weights(weights_dir / f"step-{step + 1}", model, tokenizer)
                 version += 1

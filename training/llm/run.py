@@ -125,10 +125,32 @@ class RunDir:
         return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
 
 
+TIED_OUTPUT_FILE = "lm_head.safetensors"
+
+
 def save_weights(path: Path, model: Any, tokenizer: Any) -> Path:
+    """``model`` and ``tokenizer`` as transformers saves them, plus, for a model whose output layer
+    is tied to its embeddings (Qwen3-0.6B's and init-model's are), that layer written out as
+    ``lm_head.weight`` in ``lm_head.safetensors``.
+
+    transformers leaves a tied output layer out of the checkpoint; vLLM 0.32's in-place reload
+    (``reload_weights``: the trainer's weight sync) then fails to load it ("ParallelLMHead: Failed
+    to load weights") and serves a model that is neither the old nor the new one. transformers
+    reads only the checkpoint's own files and ignores this one; vLLM loads every file.
+    """
+    from safetensors.torch import save_file
+
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
+    if getattr(model.config, "tie_word_embeddings", False):
+        weight = model.get_output_embeddings().weight.detach().contiguous().clone()
+        save_file({"lm_head.weight": weight}, str(path / TIED_OUTPUT_FILE), metadata={"format": "pt"})
+        index = path / "model.safetensors.index.json"
+        if index.is_file():  # a sharded checkpoint: vLLM reads the files its index names
+            data = json.loads(index.read_text())
+            data["weight_map"]["lm_head.weight"] = TIED_OUTPUT_FILE
+            index.write_text(json.dumps(data, indent=2))
     return path
 
 

@@ -39,7 +39,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inference.completions import chat_choice, error_body
+from inference.completions import chat_choice, completion_budget, context_error, error_body
 from inference.reasoning import split_reasoning
 from training.llm.chat import parse_tool_calls
 from training.llm.model import load, stop_token_ids
@@ -256,9 +256,7 @@ def _choice(index: int, sample: Sample, req: ChatRequest, tokenizer: Any) -> dic
     finish = sample.finish_reason
     if req.tools and req.tool_choice != "none":
         content, tool_calls = parse_tool_calls(text)
-        if tool_calls and finish == "stop":
-            finish = "tool_calls"
-    choice = chat_choice(index, content, tool_calls, finish, reasoning)
+    choice = chat_choice(index, content, tool_calls, finish, req.tool_choice, reasoning)
     if req.logprobs:
         tops = sample.top_logprobs or [None] * len(sample.token_ids)
         choice["logprobs"] = {
@@ -339,17 +337,12 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
             raise ServeError(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
         prompt = engine.prompt_ids(req)
         limit = engine.sampler.max_positions
-        room = limit - len(prompt)
         asked = req.max_completion_tokens or req.max_tokens
-        if room <= 0 or (asked is not None and asked > room):
-            raise ServeError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{len(prompt) + (asked or 0)} tokens ({len(prompt)} in the messages, {asked or 0} in "
-                "the completion). Please reduce the length of the messages or completion."
-            )
+        if refused := context_error(len(prompt), asked, limit):
+            raise ServeError(refused)
         sample_req = SampleRequest(
             prompt_ids=prompt,
-            max_tokens=asked or room,  # vLLM's default: the rest of the context
+            max_tokens=completion_budget(len(prompt), asked, limit),
             n=req.n,
             temperature=req.temperature,
             top_p=req.top_p,

@@ -19,11 +19,14 @@ file-based reload, which works on both (docs/training.md, "Weight sync").
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from training.llm.run import TIED_OUTPUT_FILE
 
 
 class WeightSyncError(RuntimeError):
@@ -52,6 +55,12 @@ class WeightSync:
         # vLLM takes a path that does not exist for a hub repo id (and answers 500): check here.
         if not (weights / "config.json").is_file() or not any(weights.glob("*.safetensors")):
             raise WeightSyncError(f"{weights} is not a checkpoint directory with safetensors weights")
+        config = json.loads((weights / "config.json").read_text())
+        if config.get("tie_word_embeddings") and not (weights / TIED_OUTPUT_FILE).is_file():
+            raise WeightSyncError(
+                f"{weights} ties its output layer to its embeddings but does not write it out: vLLM's "
+                "in-place reload would leave that layer stale; save it with training.llm.run.save_weights"
+            )
         started = time.monotonic()
         self._call("POST", "/pause", params={"mode": "wait"})
         try:

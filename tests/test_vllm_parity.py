@@ -1,0 +1,146 @@
+"""Real vLLM (CPU build) against the two stand-ins the suite uses elsewhere (`serve-model` and the
+vLLM-shaped fake): the same requests, the same answer shapes, the same errors; and the sampling
+controls (`n`, `seed`, `temperature`, `max_tokens`) behave as the service assumes."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.vllm_helpers import SERVED, RealVLLM
+from tools.fake_server import FakeConfig, FakeInferenceServer
+from tools.server_thread import ServerThread
+from training.llm.server import ModelEngine, create_model_app
+
+MESSAGES = [{"role": "system", "content": "You play a game."}, {"role": "user", "content": "What now?"}]
+ACT = {
+    "type": "function",
+    "function": {
+        "name": "act",
+        "description": "Take an action.",
+        "parameters": {
+            "type": "object",
+            "properties": {"action": {"type": "string"}},
+            "required": ["action"],
+        },
+    },
+}
+TOKENS = {"logprobs": True, "return_token_ids": True}
+# The fields of a message the service reads (vLLM adds refusal, annotations, audio, function_call).
+MESSAGE_FIELDS = ("role", "content", "tool_calls", "reasoning")
+
+
+@pytest.fixture(scope="module")
+def servers(real_vllm: RealVLLM) -> Iterator[dict[str, str]]:
+    engine = ModelEngine(real_vllm.checkpoint, served_name=SERVED)
+    fake_config = FakeConfig(model=SERVED, strict_model=True, max_model_len=4096)
+    with ServerThread(create_model_app(engine)) as serve_model, FakeInferenceServer(fake_config) as fake:
+        yield {"vllm": real_vllm.base_url, "serve-model": serve_model.base_url, "fake": fake.base_url}
+    engine.close()
+
+
+def post(base_url: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(f"{base_url}/v1/chat/completions", json={"model": SERVED, **body}, timeout=120)
+
+
+def shape(r: httpx.Response) -> dict[str, Any]:
+    """What the service depends on in an answer, independent of the sampled text."""
+    body = r.json()
+    if r.status_code != 200:
+        error = body["error"]
+        assert isinstance(error["message"], str) and error["message"]
+        return {"status": r.status_code, "type": error["type"], "code": error["code"]}
+    choices = []
+    for c in body["choices"]:
+        message = c["message"]
+        entry = {
+            "finish_reason": c["finish_reason"],
+            "message": sorted(k for k in MESSAGE_FIELDS if k in message),
+            "content": type(message["content"]).__name__,
+            "tool_calls": len(message.get("tool_calls") or []),
+        }
+        if c.get("logprobs") is not None:
+            logprobs = c["logprobs"]["content"]
+            assert len(logprobs) == len(c["token_ids"]) and all(e["logprob"] <= 0 for e in logprobs)
+            entry["logprob_entry"] = sorted(logprobs[0])
+            entry["token_ids"] = "as many as logprobs"
+        choices.append(entry)
+    has_prompt_ids = isinstance(body.get("prompt_token_ids"), list) and len(body["prompt_token_ids"]) > 0
+    usage = body["usage"]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    return {"status": 200, "object": body["object"], "prompt_token_ids": has_prompt_ids, "choices": choices}
+
+
+CASES: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    # name: (request, the servers compared; serve-model samples tool calls freely, vLLM guides them)
+    "tokens": ({"messages": MESSAGES, "max_tokens": 4, "seed": 1, **TOKENS}, ("serve-model", "fake")),
+    "n": ({"messages": MESSAGES, "max_tokens": 3, "n": 3, "seed": 2, **TOKENS}, ("serve-model", "fake")),
+    "no tokens asked": ({"messages": MESSAGES, "max_tokens": 3}, ("serve-model", "fake")),
+    "overlong prompt": ({"messages": [{"role": "user", "content": "word " * 5000}]}, ("serve-model", "fake")),
+    "max_tokens above the context": ({"messages": MESSAGES, "max_tokens": 5000}, ("serve-model", "fake")),
+    "unknown model": ({"messages": MESSAGES, "model": "nope"}, ("serve-model", "fake")),
+    "negative temperature": ({"messages": MESSAGES, "temperature": -1}, ("serve-model", "fake")),
+    "named tool choice": (
+        {
+            "messages": MESSAGES,
+            "tools": [ACT],
+            "tool_choice": {"type": "function", "function": {"name": "act"}},
+            "max_tokens": 200,
+            "seed": 3,
+            **TOKENS,
+        },
+        ("fake",),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_stand_ins_answer_as_vllm_does(servers: dict[str, str], case: str) -> None:
+    body, others = CASES[case]
+    expected = shape(post(servers["vllm"], body))
+    for name in others:
+        assert shape(post(servers[name], body)) == expected, name
+    if case == "named tool choice":  # vLLM's guided decoding makes the call even for a random model
+        assert expected["choices"][0]["tool_calls"] == 1 and expected["choices"][0]["content"] == "str"
+        assert expected["choices"][0]["finish_reason"] == "stop"  # OpenAI's rule for a named choice
+
+
+def test_a_completion_that_does_not_fit_is_cut_at_the_context_end(servers: dict[str, str]) -> None:
+    """vLLM does not refuse a prompt that fits with less room than max_tokens asks: it samples
+    what fits; the stand-ins do the same."""
+    for name, url in servers.items():
+
+        def ask(words: int, max_tokens: int, url: str = url) -> httpx.Response:
+            return post(
+                url, {"messages": [{"role": "user", "content": "word " * words}], "max_tokens": max_tokens}
+            )
+
+        per_1000 = ask(1000, 1).json()["usage"]["prompt_tokens"]
+        words = int(1000 * (4096 - 40) / per_1000)  # a prompt about 40 tokens short of the context
+        r = ask(words, 200)
+        assert r.status_code == 200, (name, r.text)
+        usage = r.json()["usage"]
+        assert usage["prompt_tokens"] > 4096 - 200 and usage["total_tokens"] <= 4096, (name, usage)
+
+
+def test_sampling_controls_behave_as_the_service_assumes(real_vllm: RealVLLM) -> None:
+    def ids(**extra: Any) -> list[list[int]]:
+        r = post(real_vllm.base_url, {"messages": MESSAGES, **TOKENS, **extra})
+        assert r.status_code == 200, r.text
+        return [c["token_ids"] for c in r.json()["choices"]]
+
+    # A seed reproduces a sample; greedy decoding needs none.
+    assert ids(seed=5, max_tokens=12) == ids(seed=5, max_tokens=12)
+    assert ids(temperature=0, max_tokens=12) == ids(temperature=0, max_tokens=12)
+    assert ids(seed=5, max_tokens=12) != ids(seed=6, max_tokens=12)
+    # n choices, each its own sample; max_tokens is exact when nothing stops earlier.
+    group = ids(n=4, seed=7, max_tokens=6, temperature=1.0)
+    assert len(group) == 4 and len({tuple(g) for g in group}) > 1
+    r = post(real_vllm.base_url, {"messages": MESSAGES, "max_tokens": 5, "seed": 8, **TOKENS})
+    choice = r.json()["choices"][0]
+    assert len(choice["token_ids"]) <= 5 and (choice["finish_reason"] == "length") == (
+        len(choice["token_ids"]) == 5
+    )
