@@ -139,7 +139,8 @@ def test_decision_cost_smoke_both_modes(tmp_path: Path) -> None:
     results = json.loads(out.read_text())["results"]
     for mode in ("http", "embedded"):
         (run,) = results[mode]["runs"]
-        assert run["decisions"] == 4 and run["cpu_s"] > 0 and run["cpu_us_per_decision"] > 0, (mode, run)
+        # 4 decisions take a few ms: at the clock's 10 ms resolution their CPU may read 0.
+        assert run["decisions"] == 4 and run["cpu_s"] >= 0 and run["cpu_us_per_decision"] >= 0, (mode, run)
 
 
 def test_flame_budget_charges_each_sample_to_its_innermost_part(tmp_path: Path) -> None:
