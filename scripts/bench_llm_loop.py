@@ -127,17 +127,29 @@ def policy_config(args: argparse.Namespace, temperature: float, **extra: Any) ->
     }
 
 
-def collect_teacher(app: ServerThread, game: Game, tasks: list[int], args: argparse.Namespace) -> None:
-    """The solver's rollouts through the task app: the agent's prompts, the oracle's replies."""
+def collect_teacher(
+    app: ServerThread, game: Game, tasks: list[int], turns: int, policy: dict[str, Any], db: Path
+) -> None:
+    """The solver's rollouts through the task app (``policy``: the agent's config, with
+    ``teacher: oracle``): the agent's prompts, the oracle's replies; returns once the trace DB
+    holds all of them (the writer commits in the background)."""
+    batch = f"{random.getrandbits(32):08x}"
+    group_ids = {f"teacher-{batch}-{task}" for task in tasks}
     with httpx.Client(base_url=app.base_url, timeout=600) as client:
         for task in tasks:
             body = {
+                "group_id": f"teacher-{batch}-{task}",
                 "group_size": 1,
                 "env": {"env_name": game.env, "seed": task, "config": {"oracle": True}},
-                "max_turns": args.turns,
-                "policy": {"policy_name": game.policy, "config": policy_config(args, 0.0, teacher="oracle")},
+                "max_turns": turns,
+                "policy": {"policy_name": game.policy, "config": policy},
             }
             client.post("/rollout/group", json=body).raise_for_status()
+    for _ in range(600):
+        with TraceReader(db) as reader:
+            if sum(1 for s in reader.sessions() if s["group_id"] in group_ids) >= len(group_ids):
+                return
+        time.sleep(0.1)
 
 
 def plot_report(report: dict[str, Any], path: Path) -> None:
@@ -253,12 +265,8 @@ def main() -> None:
             report["eval_start"] = evaluate(app, game, eval_tasks, args)
             lap("eval start")
             if previous is None:
-                collect_teacher(app, game, teacher_tasks, args)
-                for _ in range(600):  # the trace writer commits in the background
-                    with TraceReader(db) as reader:
-                        if reader.count("sessions") >= len(eval_tasks) + len(teacher_tasks):
-                            break
-                    time.sleep(0.1)
+                teacher = policy_config(args, 0.0, teacher="oracle")
+                collect_teacher(app, game, teacher_tasks, args.turns, teacher, db)
                 export = export_sft(db, out / "sft.jsonl", ExportFilters(model="oracle"))
                 report["export"] = export.as_dict()
                 lap("collect + export")

@@ -33,7 +33,6 @@ import torch
 from grpo_service import Settings, create_app
 from grpo_service.eval import EvalConfig, run_eval
 from grpo_service.llm_training import TaskAppClient
-from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
 from grpo_service.trl_env import (
     SERVICE_CLOCK,
@@ -43,7 +42,7 @@ from grpo_service.trl_env import (
     solver_reply,
     write_demonstrations,
 )
-from scripts.bench_llm_loop import GAMES, bootstrap_interval
+from scripts.bench_llm_loop import GAMES, bootstrap_interval, collect_teacher
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
 from training.llm.model import ModelSpec, environment_corpus, init_model, jsonl_corpus
@@ -144,20 +143,7 @@ def collect_agent_demos(
     app: ServerThread, tasks: list[int], args: argparse.Namespace, db: Path, out: Path
 ) -> int:
     """The solver through the project's agent (tool-calling format), traced, then `export-sft`."""
-    with httpx.Client(base_url=app.base_url, timeout=600) as client:
-        for task in tasks:
-            body = {
-                "group_size": 1,
-                "env": {"env_name": GAME.env, "seed": task, "config": {"oracle": True}},
-                "max_turns": args.turns,
-                "policy": {"policy_name": GAME.policy, "config": agent_config(args, 0.0, teacher="oracle")},
-            }
-            client.post("/rollout/group", json=body).raise_for_status()
-    for _ in range(600):  # the trace writer commits in the background
-        with TraceReader(db) as reader:
-            if reader.count("sessions") >= len(tasks):
-                break
-        time.sleep(0.1)
+    collect_teacher(app, GAME, tasks, args.turns, agent_config(args, 0.0, teacher="oracle"), db)
     return export_sft(db, out, ExportFilters(model="oracle")).examples
 
 
