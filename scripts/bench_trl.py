@@ -42,10 +42,10 @@ from grpo_service.trl_env import (
     solver_reply,
     write_demonstrations,
 )
-from scripts.bench_llm_loop import GAMES, bootstrap_interval, collect_teacher
+from scripts.bench_llm_loop import GAMES, bench_model_spec, bootstrap_interval, collect_teacher
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
-from training.llm.model import ModelSpec, environment_corpus, init_model, jsonl_corpus
+from training.llm.model import environment_corpus, init_model, jsonl_corpus
 from training.llm.rl import train_rl
 from training.llm.server import ModelEngine, create_model_app
 from training.llm.sft import train_sft
@@ -339,16 +339,7 @@ def main() -> None:
                 "agent_examples": agent_examples,
             }
             lap("demonstrations")
-            spec = ModelSpec(
-                vocab_size=2048,
-                hidden_size=args.hidden,
-                num_layers=args.layers,
-                num_heads=args.hidden // 32,
-                num_kv_heads=2,
-                head_dim=32,
-                intermediate_size=2 * args.hidden,
-                max_positions=4096,
-            )
+            spec = bench_model_spec(args.hidden, args.layers, max_positions=4096)
             texts = list(jsonl_corpus([out / "sft.jsonl"])) + list(
                 environment_corpus(seeds=10, env_names=[GAME.env])
             )
