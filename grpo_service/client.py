@@ -247,7 +247,10 @@ class _Routes:
         http: httpx.Client | httpx.AsyncClient | None = None,
         session: ModalSession | None = None,
     ) -> None:
-        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        # Idle connections expire before uvicorn's 5 s idle timeout closes them under a request.
+        limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections, keepalive_expiry=4.0
+        )
         self.http = http or self.http_class(
             base_url=base_url, headers=headers(api_key, session), timeout=timeout(timeout_s), limits=limits
         )

@@ -35,8 +35,10 @@ from inference.calls import LLMCall
 from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchError
 from inference.nesting import MAX_JSON_DEPTH, too_deep
 
-# Generous: a hidden per-client connection cap silently serializes concurrent rollouts.
-HTTP_LIMITS = httpx2.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=30.0)
+# Generous: a hidden per-client connection cap silently serializes concurrent rollouts. Idle
+# connections are dropped before the server's own idle timeout (uvicorn's and so vLLM's: 5 s), or
+# a request sent on a connection the server is closing fails with a connection error.
+HTTP_LIMITS = httpx2.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=4.0)
 _MAX_DETAIL_CHARS = 500
 # The largest reply accepted. A vLLM reply to max_tokens=32768 with per-token logprobs is about
 # 3 MB; a bigger one is refused while it streams in (it would be held in memory, then traced).
