@@ -92,6 +92,17 @@ def resolve_api_key(explicit: str | SecretStr | None = None) -> str:
     return explicit or os.environ.get("INFERENCE_API_KEY") or os.environ.get("OPENAI_API_KEY") or "EMPTY"
 
 
+def proxy_auth_headers() -> dict[str, str]:
+    """Modal's proxy-auth headers (``Modal-Key``, ``Modal-Secret``) from ``MODAL_PROXY_TOKEN_ID``
+    and ``MODAL_PROXY_TOKEN_SECRET``, for an inference server deployed with
+    ``requires_proxy_auth`` (``modal_vllm.py`` with its weight-sync routes on); none when unset."""
+    token_id = os.environ.get("MODAL_PROXY_TOKEN_ID", "")
+    secret = os.environ.get("MODAL_PROXY_TOKEN_SECRET", "")
+    if bool(token_id) != bool(secret):
+        raise ValueError("set both MODAL_PROXY_TOKEN_ID and MODAL_PROXY_TOKEN_SECRET, or neither")
+    return {"Modal-Key": token_id, "Modal-Secret": secret} if token_id else {}
+
+
 def redact(text: str, secret: str | None) -> str:
     """Remove ``secret`` and any 8+ character piece of it (servers echo key prefixes)."""
     if not secret or secret == "EMPTY" or len(secret) < 4:
@@ -437,6 +448,7 @@ class InferenceClient:
             self._openai_client = openai.AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,
+                default_headers=proxy_auth_headers(),
                 max_retries=0,
                 timeout=self.timeout_s,
                 http_client=self._http,

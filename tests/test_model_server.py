@@ -196,3 +196,49 @@ def test_weights_reload_in_place_through_vllms_rl_routes(served, tmp_path: Path)
     with pytest.raises(WeightSyncError, match="not a checkpoint"):
         sync.load(tmp_path / "missing", 8)
     assert sync.version() == "7"
+
+
+def test_modal_proxy_auth_headers_reach_the_server(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``MODAL_PROXY_TOKEN_*`` set, the task app's inference client and the trainer's weight
+    sync pass a server that, like Modal's proxy in front of ``modal_vllm.py``, answers 401 without
+    ``Modal-Key`` and ``Modal-Secret``."""
+    from fastapi.responses import JSONResponse
+
+    from inference.openai_client import InferenceClient, proxy_auth_headers
+    from training.llm.weight_sync import WeightSync, WeightSyncError
+
+    engine = ModelEngine(model_dir, served_name="tiny")
+    app = create_model_app(engine)
+    seen: list[str | None] = []
+
+    @app.middleware("http")
+    async def modal_proxy(request, call_next):  # noqa: ANN001, ANN202
+        seen.append(request.headers.get("modal-key"))
+        if (request.headers.get("modal-key"), request.headers.get("modal-secret")) != ("wk-1", "ws-2"):
+            return JSONResponse({"detail": "missing credentials for proxy authorization"}, status_code=401)
+        return await call_next(request)
+
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 4}
+    with ServerThread(app, name="proxied-model") as server:
+        with pytest.raises(WeightSyncError, match="401"):
+            WeightSync(server.base_url).version()
+        monkeypatch.setenv("MODAL_PROXY_TOKEN_ID", "wk-1")
+        monkeypatch.setenv("MODAL_PROXY_TOKEN_SECRET", "ws-2")
+        assert proxy_auth_headers() == {"Modal-Key": "wk-1", "Modal-Secret": "ws-2"}
+        sync = WeightSync(server.base_url)
+        sync.load(model_dir, 3)
+        assert sync.version() == "3"
+
+        async def complete() -> int:
+            client = InferenceClient(server.base_url, timeout_s=60)
+            try:
+                return len((await client.chat(body, return_token_ids=True)).completion_token_ids)
+            finally:
+                await client.aclose()
+
+        assert asyncio.run(complete()) >= 1
+    engine.close()
+    assert seen[0] is None and set(seen[1:]) == {"wk-1"}
+    monkeypatch.delenv("MODAL_PROXY_TOKEN_SECRET")
+    with pytest.raises(ValueError, match="MODAL_PROXY_TOKEN_SECRET"):
+        proxy_auth_headers()

@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from inference.openai_client import proxy_auth_headers
 from training.llm.run import TIED_OUTPUT_FILE
 
 
@@ -39,6 +40,7 @@ class WeightSync:
     def __init__(self, base_url: str, timeout_s: float = 600.0) -> None:
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         self.timeout_s = timeout_s
+        self.headers = proxy_auth_headers()  # a Modal vLLM app serves its RL routes behind them
 
     def served(self) -> dict[str, Any]:
         """The model card of the served model (``GET /v1/models``: ``id``, ``root``, ...)."""
@@ -77,7 +79,7 @@ class WeightSync:
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         url = self.base_url + path
         try:
-            r = httpx.request(method, url, timeout=self.timeout_s, **kwargs)
+            r = httpx.request(method, url, timeout=self.timeout_s, headers=self.headers, **kwargs)
         except httpx.HTTPError as exc:
             raise WeightSyncError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
         if r.status_code == 404 and path != "/v1/models":
