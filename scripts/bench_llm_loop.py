@@ -1,7 +1,8 @@
 """Seed 001's loop as a benchmark: does a model made here learn to play a text game?
 
     python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
-        [--sampler serve-model|vllm]
+        [--sampler serve-model|vllm] [--seed 0] [--sft-from RUN]
+    python scripts/bench_llm_loop.py --summarize RUN [RUN ...] --out SUMMARY
 
 Everything runs on 127.0.0.1: `init-model` (a Qwen3 with a tokenizer trained on the game's text)
 → the task app and the sampler (`serve-model` in this process, or the real vLLM with ``--sampler
@@ -14,6 +15,9 @@ model plays in AgentGym's conversation (``Action: go to red ball 1``).
 Writes OUT/report.json (success rate and mean score of the start model, after SFT and after
 GRPO, each with its spread over the held-out tasks, a 95% interval and per level),
 OUT/report.png (those figures), OUT/sft/curves.png and OUT/rl/curves.png (the runs' curves).
+``--summarize`` gathers several runs' reports (training seeds, samplers) into SUMMARY/summary.json
+and SUMMARY/summary.png: per sampler, each stage's success as mean and spread over the seeds, the
+gain of GRPO over SFT paired by seed, and the wall time of a GRPO step and of its parts.
 """
 
 from __future__ import annotations
@@ -201,6 +205,102 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def summarize(runs: list[Path], out: Path) -> dict[str, Any]:
+    """Several runs' reports, per sampler: each stage's held-out success over the training seeds
+    (mean, sample sd), GRPO's gain over the same seed's SFT checkpoint, and a GRPO step's wall time."""
+    by_sampler: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for run in runs:
+        report = json.loads((run / "report.json").read_text())
+        steps = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line]
+        report["step_s"] = {
+            part: statistics.fmean(m.get(part, 0.0) for m in steps)
+            for part in ("rollout_s", "train_s", "weight_sync_s")
+        }
+        report["step_s"]["wall_s"] = report["timings_s"]["rl"] / len(steps)
+        by_sampler[report["args"]["sampler"]].append(report)
+
+    def spread(values: list[float]) -> dict[str, Any]:
+        sd = statistics.stdev(values) if len(values) > 1 else 0.0
+        return {"values": values, "mean": statistics.fmean(values), "sd": sd}
+
+    summary: dict[str, Any] = {"samplers": {}}
+    for sampler, reports in by_sampler.items():
+        reports.sort(key=lambda r: r["args"]["seed"])
+        stages = {
+            k: spread([r[k]["success_rate"] for r in reports]) for k in ("eval_start", "eval_sft", "eval_rl")
+        }
+        gains = spread([r["eval_rl"]["success_rate"] - r["eval_sft"]["success_rate"] for r in reports])
+        summary["samplers"][sampler] = {
+            "seeds": [r["args"]["seed"] for r in reports],
+            "eval_tasks": reports[0]["eval_tasks"],
+            "success": stages,
+            "gain_rl_over_sft": gains,
+            "success_by_level": {
+                stage: {
+                    level: statistics.fmean(r[stage]["success_by_level"][level] for r in reports)
+                    for level in reports[0][stage]["success_by_level"]
+                }
+                for stage in ("eval_sft", "eval_rl")
+            },
+            "rl_step_s": {
+                part: spread([r["step_s"][part] for r in reports]) for part in reports[0]["step_s"]
+            },
+            "rl_steps": [r["rl"]["steps"] for r in reports],
+        }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    plot_summary(summary, out / "summary.png")
+    for sampler, s in summary["samplers"].items():
+        line = ", ".join(
+            f"{k.removeprefix('eval_')} {v['mean']:.3f} (sd {v['sd']:.3f})" for k, v in s["success"].items()
+        )
+        g, w = s["gain_rl_over_sft"], s["rl_step_s"]["wall_s"]
+        print(
+            f"{sampler:12s} seeds {s['seeds']}: {line}; GRPO - SFT {g['mean']:+.3f} (sd {g['sd']:.3f}, "
+            f"per seed {[round(v, 3) for v in g['values']]}); GRPO step {w['mean']:.1f} s (sd {w['sd']:.1f})"
+        )
+    return summary
+
+
+def plot_summary(summary: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    samplers = list(summary["samplers"])
+    stages = [("eval_start", "start"), ("eval_sft", "after SFT"), ("eval_rl", "after GRPO")]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    width = 0.8 / len(samplers)
+    for i, sampler in enumerate(samplers):
+        s = summary["samplers"][sampler]
+        xs = [j + i * width for j in range(len(stages))]
+        means = [s["success"][k]["mean"] for k, _ in stages]
+        sds = [s["success"][k]["sd"] for k, _ in stages]
+        left.bar(xs, means, width, yerr=sds, capsize=5, label=f"{sampler} (seeds {s['seeds']})")
+        for x, (k, _) in zip(xs, stages, strict=True):
+            left.scatter(
+                [x] * len(s["success"][k]["values"]), s["success"][k]["values"], color="k", s=12, zorder=3
+            )
+        gains = s["gain_rl_over_sft"]["values"]
+        right.scatter([i] * len(gains), gains, color="k", zorder=3)
+        right.bar([i], [s["gain_rl_over_sft"]["mean"]], 0.5, yerr=[s["gain_rl_over_sft"]["sd"]], capsize=6)
+    left.set_xticks(
+        [j + width * (len(samplers) - 1) / 2 for j in range(len(stages))], [lbl for _, lbl in stages]
+    )
+    left.set_ylim(0, 1)
+    left.set_ylabel(f"held-out success ({summary['samplers'][samplers[0]]['eval_tasks']} tasks)")
+    left.set_title("mean and sd over training seeds (dots: seeds)")
+    left.legend(loc="upper left")
+    right.axhline(0, color="#999", lw=1)
+    right.set_xticks(range(len(samplers)), samplers)
+    right.set_ylabel("success after GRPO - after SFT")
+    right.set_title("GRPO's gain over the same seed's SFT")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("bench_llm"))
@@ -228,7 +328,13 @@ def main() -> None:
     parser.add_argument(
         "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
     )
+    parser.add_argument(
+        "--summarize", type=Path, nargs="+", metavar="RUN", help="Gather these runs' reports into --out."
+    )
     args = parser.parse_args()
+    if args.summarize:
+        summarize(args.summarize, args.out)
+        return
     torch.set_num_threads(1)
     game = GAMES[args.env]
     out: Path = args.out
