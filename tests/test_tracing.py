@@ -76,21 +76,6 @@ async def test_session_columns_tokens_rewards_and_no_secrets(tmp_path: Path) -> 
     assert b"sk-do-not-store" not in raw
 
 
-async def test_token_ids_are_stored_once_and_the_response_is_read_back_whole(tmp_path: Path) -> None:
-    trace = synthetic_trace("r", turns=3)
-    await write(tmp_path / "t.db", [trace])
-    with TraceReader(tmp_path / "t.db") as reader:
-        stored = reader.conn.execute(
-            "SELECT response, prompt_token_ids FROM llm_calls ORDER BY turn"
-        ).fetchall()
-        turns = reader.turns(session_of(reader, "r"))
-    for row, turn, d in zip(stored, turns, trace.decisions, strict=True):
-        response = json.loads(row["response"])
-        assert "prompt_token_ids" not in response and "token_ids" not in response["choices"][0]
-        assert json.loads(row["prompt_token_ids"]) == d.decision.llm_call.prompt_token_ids
-        assert turn["llm"]["response"] == d.decision.llm_call.response  # as the server sent it
-
-
 async def test_repeated_messages_are_stored_once_per_session(tmp_path: Path) -> None:
     await write(tmp_path / "t.db", [synthetic_trace("r", turns=10)])
     with TraceReader(tmp_path / "t.db") as reader:

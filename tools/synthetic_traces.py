@@ -96,9 +96,6 @@ def synthetic_trace(
                     "total_tokens": 312 + 40 * turn,
                 },
             }
-            if with_tokens:  # where vLLM puts them with `return_token_ids`
-                response["prompt_token_ids"] = list(range(300 + 40 * turn))
-                response["choices"][0]["token_ids"] = completion_ids
             llm_call = LLMCall(
                 request={
                     "model": model,

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, Self
 
 from grpo_service.tracing.codec import join_message, loads
-from grpo_service.tracing.rows import restore_response
 from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SchemaTooNew, migrate_sync, schema_version
 
 log = logging.getLogger(__name__)
@@ -179,27 +178,6 @@ class TraceReader:
         for r in rows:
             prompt_ids = loads(r["prompt_messages"])
             completion = r["completion_message"]
-            llm = (
-                _columns(
-                    r,
-                    "model",
-                    "finish_reason",
-                    "usage",
-                    "latency_ms",
-                    "attempts",
-                    "prompt_token_ids",
-                    "completion_token_ids",
-                    "completion_logprobs",
-                    "weights_version",
-                    request="llm_request",
-                    response="llm_response",
-                    error="llm_error",
-                )
-                if r["has_llm_call"]
-                else None
-            )
-            if llm is not None:
-                restore_response(llm["response"], llm["prompt_token_ids"], llm["completion_token_ids"])
             out.append(
                 {
                     **_columns(
@@ -213,7 +191,23 @@ class TraceReader:
                     ),
                     "prompt": None if prompt_ids is None else [messages[i] for i in prompt_ids],
                     "completion": None if completion is None else messages[completion],
-                    "llm": llm,
+                    "llm": _columns(
+                        r,
+                        "model",
+                        "finish_reason",
+                        "usage",
+                        "latency_ms",
+                        "attempts",
+                        "prompt_token_ids",
+                        "completion_token_ids",
+                        "completion_logprobs",
+                        "weights_version",
+                        request="llm_request",
+                        response="llm_response",
+                        error="llm_error",
+                    )
+                    if r["has_llm_call"]
+                    else None,
                     "env": {
                         **_columns(
                             r,

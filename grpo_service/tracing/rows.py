@@ -147,43 +147,6 @@ def _completion_message(response: dict[str, Any] | None) -> dict[str, Any] | Non
     return {k: v for k, v in message.items() if v is not None or k == "content"}
 
 
-def stored_response(response: Any, prompt_token_ids: Any, completion_token_ids: Any) -> Any:
-    """The response as stored: without the token ids that have columns of their own (vLLM's
-    top-level ``prompt_token_ids``, hundreds of ids a turn, and the first choice's ``token_ids``),
-    which would otherwise be encoded and written twice. `restore_response` puts them back."""
-    if not isinstance(response, dict):
-        return response
-    out = response
-    if prompt_token_ids is not None and response.get("prompt_token_ids") == prompt_token_ids:
-        out = {k: v for k, v in response.items() if k != "prompt_token_ids"}
-    choices = out.get("choices")
-    if (
-        completion_token_ids is not None
-        and isinstance(choices, list)
-        and choices
-        and isinstance(choices[0], dict)
-        and choices[0].get("token_ids") == completion_token_ids
-    ):
-        first = {k: v for k, v in choices[0].items() if k != "token_ids"}
-        out = {**out, "choices": [first, *choices[1:]]}
-    return out
-
-
-def restore_response(response: Any, prompt_token_ids: Any, completion_token_ids: Any) -> Any:
-    """The response as the server sent it, from what `stored_response` kept and the id columns
-    (a response stored whole, by an older writer, comes back as it is)."""
-    if not isinstance(response, dict):
-        return response
-    if prompt_token_ids is not None and "prompt_token_ids" not in response:
-        response["prompt_token_ids"] = prompt_token_ids
-    choices = response.get("choices")
-    if completion_token_ids is not None and isinstance(choices, list) and choices:
-        first = choices[0]
-        if isinstance(first, dict) and "token_ids" not in first:
-            first["token_ids"] = completion_token_ids
-    return response
-
-
 def _strip_images(observation: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
 
@@ -235,7 +198,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
                     d.turn,
                     call.request.get("model") or call.model,
                     dumps(_request_without_messages(call.request)),
-                    dumps(stored_response(call.response, call.prompt_token_ids, call.completion_token_ids)),
+                    dumps(call.response),
                     call.finish_reason,
                     usage.get("prompt_tokens"),
                     usage.get("completion_tokens"),
