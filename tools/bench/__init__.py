@@ -36,7 +36,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def _table(*columns: tuple[str, Literal["left", "right"]]) -> Table:
+def rich_table(*columns: tuple[str, Literal["left", "right"]]) -> Table:
     from rich.table import Table
 
     table = Table()
@@ -54,7 +54,9 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         f"{machine['nproc']} x {machine['cpu_model']}, Python {machine['python']}, {machine['server_stack']}"
     )
     console.print(report["layout"])
-    table = _table(("figure", "left"), ("median", "right"), ("spread (min-max)", "right"), ("unit", "left"))
+    table = rich_table(
+        ("figure", "left"), ("median", "right"), ("spread (min-max)", "right"), ("unit", "left")
+    )
     for fig in FIGURES:
         entry = report["figures"][fig.key]
         if entry["median"] is None:
@@ -63,7 +65,7 @@ def render_table(report: dict[str, Any], console: Console) -> None:
         lo, hi = entry["spread"]
         table.add_row(fig.key, _fmt(entry["median"]), f"{_fmt(lo)} - {_fmt(hi)}", fig.unit)
     console.print(table)
-    ratios = _table(
+    ratios = rich_table(
         ("ratio", "left"), ("value", "right"), ("spread", "right"), ("goal", "right"), ("met", "left")
     )
     for ratio in RATIOS:

@@ -160,7 +160,7 @@ def run_samplers_bench(
 
 
 def render_samplers_report(report: dict[str, Any], console: Any) -> None:
-    from rich.table import Table
+    from tools.bench import rich_table
 
     plan = report["plan"]
     console.print(
@@ -168,9 +168,13 @@ def render_samplers_report(report: dict[str, Any], console: Any) -> None:
         f"{plan['groups']} BabyAI groups of {plan['group_size']} at once, {plan['turns']} decisions each, "
         f"{plan['max_tokens']} tokens per reply"
     )
-    table = Table()
-    for column in ("sampler", "decisions/s", "spread", "in the sampler", "in the task app", "startup s"):
-        table.add_column(column, justify="left" if column == "sampler" else "right")
+    table = rich_table(
+        ("sampler", "left"),
+        *(
+            (column, "right")
+            for column in ("decisions/s", "spread", "in the sampler", "in the task app", "startup s")
+        ),
+    )
     for name, row in report["samplers"].items():
         lo, hi = row["spread"]
         table.add_row(
