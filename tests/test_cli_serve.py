@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +20,8 @@ import pytest
 from grpo_service.cli.serve import build_settings, trace_db_path
 from grpo_service.config import Settings
 from grpo_service.tracing import TraceReader
-from tests.conftest import MODEL, Served
+from tests.conftest import MODEL, REPO, Served, write_env_file
+from tools.fake_server import FakeInferenceServer
 
 
 def rollout(base_url: str, run_id: str, turns: int = 3, policy: str = "crafter-react") -> dict:
@@ -161,3 +165,21 @@ def test_an_unsafe_bind_is_refused_before_anything_is_announced(
     refused = CliRunner().invoke(app, ["serve", "--host", "0.0.0.0", "--port", "1"])
     assert refused.exit_code != 0 and "refusing to serve on 0.0.0.0" in str(refused.exception)
     assert "Serving" not in refused.output
+
+
+def test_a_taken_port_fails_before_ray_starts(tmp_path: Path, fake_llm: FakeInferenceServer) -> None:
+    """The port is bound before the app's lifespan starts Ray, whose processes take ports of
+    their own: so a taken port fails at once, and Ray can never take the port it was given."""
+    pytest.importorskip("ray")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        cmd = [sys.executable, "-m", "grpo_service.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        cmd += ["--env-file", str(write_env_file(tmp_path, fake_llm.base_url)), "--workers", "2"]
+        done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    log = done.stdout + done.stderr
+    assert done.returncode != 0 and "Address already in use" in log, log
+    assert f"cannot listen on 127.0.0.1:{port}: pick another --port" in log, log
+    assert "Started a local Ray instance" not in log and "Application startup" not in log, log

@@ -33,4 +33,12 @@ def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app
         return
     from grpo_service.app import create_app
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    # Bind before the app's lifespan runs: through Ray, the lifespan starts Ray's processes, which
+    # take ports of their own and could otherwise take ours first. A taken port now fails at once.
+    try:
+        sock = config.bind_socket()  # logs the OS's reason and exits when it cannot bind
+    except SystemExit:
+        raise SystemExit(f"cannot listen on {settings.host}:{settings.port}: pick another --port") from None
+    sock.set_inheritable(False)  # no child (a Ray process) may hold the port after we exit
+    uvicorn.Server(config).run(sockets=[sock])
