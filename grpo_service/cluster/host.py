@@ -29,6 +29,7 @@ HOST_PREFIX = "grpo-host-"
 TRACE_SINK_NAME = "grpo-traces"
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
+RequestArgs = tuple[str, str, bytes, list[tuple[bytes, bytes]], bytes]  # method, path, query, headers, body
 
 
 def host_name(tag: str) -> str:
@@ -115,6 +116,13 @@ class Host:
         if self.tracer is not None:
             await self.tracer.flush()
         return answer
+
+    async def requests(self, batch: list[RequestArgs]) -> list[Answer]:
+        """Several short requests in one call (`grpo_service.cluster.batching`), answered in order."""
+        answers = await asyncio.gather(*(call_asgi(self.app, *args) for args in batch))
+        if self.tracer is not None:
+            await self.tracer.flush()
+        return list(answers)
 
     async def group_part(self, body: bytes, members: Sequence[int], background: bool = False) -> Any:
         """Members ``members`` of the group ``body`` asks for: a `RolloutGroupResponse` of those
