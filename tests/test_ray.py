@@ -8,6 +8,7 @@ at the end whatever happens. About 40 s.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import sqlite3
@@ -142,6 +143,52 @@ def test_work_is_split_evenly_and_limits_are_shared_out() -> None:
     assert [share(10_000, i, 3) for i in range(3)] == [3334, 3333, 3333]
     assert [share(3, i, 2) for i in range(2)] == [2, 1]
     assert [share(1, i, 2) for i in range(2)] == [1, 1]  # at least one each
+
+
+def test_steps_sent_in_one_turn_go_to_their_host_in_one_call() -> None:
+    """`StepBatcher`, with a stand-in for the cluster's actor calls: what arrives for a host in
+    one event-loop turn is one call, a lone step goes as a plain request, and a host's failure
+    is every waiting request's."""
+    from grpo_service.cluster.batching import StepBatcher
+    from grpo_service.cluster.cluster import HostRef
+    from grpo_service.errors import HostLost
+
+    calls: list[tuple[str, str, int]] = []
+
+    class Calls:
+        lost: set[str] = set()
+
+        async def call(self, host: HostRef, method: str, *args: object) -> object:
+            await asyncio.sleep(0)
+            if host.tag in self.lost:
+                raise HostLost(f"host {host.tag} is lost")
+            batch = args[0] if method == "requests" else [args]
+            calls.append((host.tag, method, len(batch)))
+            answers = [(200, [], f"{host.tag}:{body.decode()}".encode()) for *_, body in batch]
+            return answers if method == "requests" else answers[0]
+
+    def step(n: int) -> tuple[str, str, bytes, list[tuple[bytes, bytes]], bytes]:
+        return ("POST", "/env/step", b"", [], str(n).encode())
+
+    async def run() -> None:
+        cluster = Calls()
+        batcher = StepBatcher(cluster)  # type: ignore[arg-type]
+        a, b = HostRef("a", None), HostRef("b", None)
+        answers = await asyncio.gather(*(batcher.request(a if n % 3 else b, step(n)) for n in range(7)))
+        assert [body for _, _, body in answers] == [
+            f"{'a' if n % 3 else 'b'}:{n}".encode() for n in range(7)
+        ]  # each its own, in order
+        assert sorted(calls) == [("a", "requests", 4), ("b", "requests", 3)]
+        calls.clear()
+        assert (await batcher.request(a, step(9)))[2] == b"a:9"
+        assert calls == [("a", "request", 1)]
+        cluster.lost.add("a")
+        failed = await asyncio.gather(
+            *(batcher.request(a, step(n)) for n in range(3)), return_exceptions=True
+        )
+        assert all(isinstance(f, HostLost) for f in failed)
+
+    asyncio.run(run())
 
 
 def test_two_fronts_serve_one_cluster_s_hosts(ray_local: None, tmp_path: Path) -> None:

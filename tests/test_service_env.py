@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
+import pytest
 
 ACTIONS = ["move_left", "do", "move_up", "noop", "do", "move_right", "move_down", "do"] * 5
 
@@ -66,6 +69,31 @@ def test_same_seed_same_trajectory_over_http(client: httpx.Client) -> None:
     a, b = create(client, seed=11), create(client, seed=11)
     assert a["observation"] == b["observation"]
     assert strip_ids(play(client, a["env_id"], ACTIONS)) == strip_ids(play(client, b["env_id"], ACTIONS))
+
+
+@pytest.mark.through_ray
+def test_concurrent_steps_answer_each_like_one_by_one(client: httpx.Client) -> None:
+    """Many clients stepping at once (through Ray, the front sends one host's steps of the same
+    moment in one actor call): each answer is its own env's, a bad step fails alone."""
+    seeds = list(range(20, 28))
+    alone = [strip_ids(play(client, create(client, seed=s)["env_id"], ACTIONS[:12])) for s in seeds]
+    together = [create(client, seed=s)["env_id"] for s in seeds]
+
+    async def step_all() -> list[list[dict]]:
+        async with httpx.AsyncClient(base_url=str(client.base_url), timeout=60) as aclient:
+            played: list[list[dict]] = [[] for _ in seeds]
+            for action in ACTIONS[:12]:
+                bodies = [{"env_id": env_id, "action": action} for env_id in together]
+                bodies.append({"env_id": together[0], "action": "fly"})  # refused: no step taken
+                answers = await asyncio.gather(*(aclient.post("/env/step", json=b) for b in bodies))
+                assert answers[-1].status_code == 400, answers[-1].text
+                for i, answer in enumerate(answers[:-1]):
+                    assert answer.status_code == 200, answer.text
+                    assert answer.json()["env_id"] == together[i]
+                    played[i].append(answer.json())
+            return played
+
+    assert [strip_ids(steps) for steps in asyncio.run(step_all())] == alone
 
 
 def test_snapshot_restore_continues_identically(client: httpx.Client) -> None:

@@ -40,6 +40,31 @@ async def test_db_trace_equals_the_returned_trace_dict(tmp_path: Path) -> None:
     assert from_db["turns"][4]["achievements_unlocked"] == ["place_table", "eat_cow"]
 
 
+async def test_a_rollout_encoded_elsewhere_is_stored_as_the_writer_would(tmp_path: Path) -> None:
+    """A Ray host encodes its rollouts (`encode_trace`) and the writer only inserts the rows:
+    the DB holds what the writer's own encoding stores."""
+    from grpo_service.tracing.writer import EncodedTrace, encode_trace
+
+    trace = synthetic_trace("r1", turns=6, unlocks={2: ["collect_wood"]}, group_id="g", group_index=1)
+    await write(tmp_path / "here.db", [trace])
+    writer = TraceWriter(tmp_path / "there.db")
+    await writer.start()
+    encoded = encode_trace(trace, writer.writer_id, time.time())
+    assert isinstance(encoded, EncodedTrace) and encoded.run_id == "r1"
+    writer.submit(encoded)
+    await writer.close()
+    stored = []
+    for name in ("here.db", "there.db"):
+        with TraceReader(tmp_path / name) as reader:
+            session_id = session_of(reader, "r1")
+            own = ("session_id", "recorded_at")  # a new session's id; when it was encoded
+            session = {k: v for k, v in reader.session(session_id).items() if k not in own}
+            turns = [{k: v for k, v in turn.items() if k not in own} for turn in reader.turns(session_id)]
+            stored.append((session, turns, reader.trace_dict(session_id)))
+            assert reader.writers()[0]["written"] == 1
+    assert stored[0] == stored[1]
+
+
 async def test_session_columns_tokens_rewards_and_no_secrets(tmp_path: Path) -> None:
     trace = synthetic_trace(
         "r2", turns=5, seed=7, unlocks={1: ["collect_wood"]}, rewards={3: -0.1}, group_id="g", group_index=3

@@ -3,12 +3,14 @@
 A host builds the same app as ``python main.py`` (its registries, managers and coordinator) and
 answers the front's calls in its own event loop. The front sends it whole HTTP requests
 (`Host.request`): one actor call per request, so a rollout, a group part or a batch is one
-call, never one per step. Ids the host issues carry its tag (`GRPO_INSTANCE_ID`, set by the
+call, never one per step; a per-step client's steps travel several to a call (`Host.requests`,
+`grpo_service.cluster.batching`). Ids the host issues carry its tag (`GRPO_INSTANCE_ID`, set by the
 front), which is how any front finds the host of an id: the actor named ``grpo-host-{tag}``.
 
-Finished rollouts go to the cluster's one trace writer (`TraceSinkActor`, on the front's node);
-a request's answer leaves the host only once the traces it produced are in the writer's queue,
-so no rollout already reported is missing from the trace DB when a host dies afterwards.
+Finished rollouts are encoded as trace rows here and go to the cluster's one trace writer
+(`TraceSinkActor`, on the front's node), which inserts them; a request's answer leaves the
+host only once the traces it produced are in the writer's queue, so no rollout already
+reported is missing from the trace DB when a host dies afterwards.
 """
 
 from __future__ import annotations
@@ -16,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import socket
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,10 +29,13 @@ from grpo_service.config import Settings
 from grpo_service.errors import ServiceError, error_body
 from grpo_service.tracing.traces import RolloutTrace
 
+log = logging.getLogger(__name__)
+
 HOST_PREFIX = "grpo-host-"
 TRACE_SINK_NAME = "grpo-traces"
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
+RequestArgs = tuple[str, str, bytes, list[tuple[bytes, bytes]], bytes]  # method, path, query, headers, body
 
 
 def host_name(tag: str) -> str:
@@ -36,20 +43,37 @@ def host_name(tag: str) -> str:
 
 
 class RemoteTraceSink:
-    """A host's `TraceSink`: each finished rollout is sent to the cluster's `TraceSinkActor`."""
+    """A host's `TraceSink`: each finished rollout is encoded here, off the event loop, and its
+    rows are sent to the cluster's `TraceSinkActor`. Encoding where the rollout ran spreads that
+    work over the hosts and leaves the writer only its inserts; the rows (plain tuples) also
+    cross processes at a fraction of what the trace's objects cost to pickle."""
 
     def __init__(self, actor: Any) -> None:
         self.actor = actor
-        self._pending: list[Any] = []
+        self.writer_id: int | None = None
+        self._pending: set[asyncio.Task[None]] = set()
 
     def submit(self, trace: RolloutTrace) -> None:
-        self._pending.append(self.actor.submit.remote(trace))
+        task = asyncio.get_running_loop().create_task(self._send(trace))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _send(self, trace: RolloutTrace) -> None:
+        from grpo_service.tracing.writer import encode_trace
+
+        if self.writer_id is None:
+            self.writer_id = await self.actor.writer_id.remote()
+        try:
+            item: Any = await asyncio.to_thread(encode_trace, trace, self.writer_id, time.time())
+        except Exception:  # the writer encodes it again, and records why it could not
+            log.exception("cannot encode the trace of rollout %s here", trace.response.run_id)
+            item = trace
+        await self.actor.submit.remote(item)
 
     async def flush(self) -> None:
         """Wait until every trace submitted so far is queued in the writer."""
-        pending, self._pending = self._pending, []
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+        if self._pending:
+            await asyncio.gather(*self._pending, return_exceptions=True)
 
 
 class TraceSinkActor:
@@ -64,7 +88,11 @@ class TraceSinkActor:
         await self.writer.start()
         return str(self.writer.path)
 
-    async def submit(self, trace: RolloutTrace) -> None:
+    async def writer_id(self) -> int | None:
+        return self.writer.writer_id
+
+    async def submit(self, trace: Any) -> None:
+        """A `RolloutTrace`, or an `EncodedTrace` a host encoded."""
         self.writer.submit(trace)
 
     async def stats(self) -> dict[str, Any]:
@@ -115,6 +143,13 @@ class Host:
         if self.tracer is not None:
             await self.tracer.flush()
         return answer
+
+    async def requests(self, batch: list[RequestArgs]) -> list[Answer]:
+        """Several short requests in one call (`grpo_service.cluster.batching`), answered in order."""
+        answers = await asyncio.gather(*(call_asgi(self.app, *args) for args in batch))
+        if self.tracer is not None:
+            await self.tracer.flush()
+        return list(answers)
 
     async def group_part(self, body: bytes, members: Sequence[int], background: bool = False) -> Any:
         """Members ``members`` of the group ``body`` asks for: a `RolloutGroupResponse` of those

@@ -29,8 +29,9 @@ from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from grpo_service.batch import batch_response
+from grpo_service.cluster.batching import BATCHED, StepBatcher
 from grpo_service.cluster.cluster import Cluster, HostRef, share
-from grpo_service.cluster.host import Answer, call_asgi
+from grpo_service.cluster.host import Answer, RequestArgs, call_asgi
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
     BatchRolloutResult,
@@ -74,6 +75,7 @@ class ClusterRouter:
     def __init__(self, app: ASGIApp, cluster: Cluster) -> None:
         self.app = app
         self.cluster = cluster
+        self.steps = StepBatcher(cluster)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")
@@ -120,7 +122,10 @@ class ClusterRouter:
                 code="wrong_instance",
             )
         if tags:
-            return await self._forward(await self.cluster.owner(tags.pop()), request, weight=_weight(path))
+            owner = await self.cluster.owner(tags.pop())
+            if (method, path) in BATCHED:
+                return await self.steps.request(owner, request.args())
+            return await self._forward(owner, request, weight=_weight(path))
         return await self._placed(request)
 
     async def _forward(self, host: HostRef, request: _Request, weight: int = 0) -> Answer:
@@ -290,7 +295,7 @@ class _Request:
         self.path, self.method = scope["path"], scope["method"]
         self.query: bytes = scope.get("query_string", b"")
 
-    def args(self) -> tuple[str, str, bytes, list[tuple[bytes, bytes]], bytes]:
+    def args(self) -> RequestArgs:
         headers = [(k, v) for k, v in self.scope["headers"] if k not in _HOP_HEADERS]
         return self.method, self.path, self.query, headers, self.body
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from grpo_service.auth import check_bind_safety
 from grpo_service.config import Settings
@@ -41,4 +44,8 @@ def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app
     except SystemExit:
         raise SystemExit(f"cannot listen on {settings.host}:{settings.port}: pick another --port") from None
     sock.set_inheritable(False)  # no child (a Ray process) may hold the port after we exit
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl+C (SIGINT) after a graceful shutdown
+        server.run(sockets=[sock])
+    if not server.started:  # the lifespan failed (e.g. Ray did not start): uvicorn.run's exit code
+        raise SystemExit(STARTUP_FAILURE)

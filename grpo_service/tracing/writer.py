@@ -30,6 +30,7 @@ import socket
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,24 @@ log = logging.getLogger(__name__)
 
 _STOP = object()
 _MAX_PENDING_DROPS = 10_000  # run ids kept for `dropped_rollouts` (the counter itself is exact)
+
+
+@dataclass(frozen=True)
+class EncodedTrace:
+    """A finished rollout already encoded as rows, where it ran (a Ray host): the writer only
+    inserts them, and the rows (plain tuples) cross processes far cheaper than the trace."""
+
+    run_id: str | None
+    rows: TraceRows
+
+
+def encode_trace(trace: RolloutTrace, writer_id: int | None, recorded_at: float) -> EncodedTrace:
+    """``trace`` as the rows of a new session written by ``writer_id``."""
+    return EncodedTrace(trace.response.run_id, trace_rows(trace, uuid.uuid4().hex, writer_id, recorded_at))
+
+
+def run_id_of(item: RolloutTrace | EncodedTrace) -> str | None:
+    return item.run_id if isinstance(item, EncodedTrace) else item.response.run_id
 
 
 class TraceWriter:
@@ -131,7 +150,7 @@ class TraceWriter:
 
     # --------------------------------------------------------------------------------- submit
 
-    def submit(self, trace: RolloutTrace) -> None:
+    def submit(self, trace: RolloutTrace | EncodedTrace) -> None:
         """Queue a finished rollout; never blocks. A full (or closed) queue drops and counts it."""
         self._counts["submitted"] += 1
         if self._closed:
@@ -151,14 +170,14 @@ class TraceWriter:
             if item is not _STOP:
                 self._drop(item, reason)
 
-    def _drop(self, trace: RolloutTrace, reason: str) -> None:
+    def _drop(self, trace: RolloutTrace | EncodedTrace, reason: str) -> None:
         self._counts["dropped"] += 1
-        self._pending_drops.append((trace.response.run_id, reason, time.time()))
+        self._pending_drops.append((run_id_of(trace), reason, time.time()))
         dropped = self._counts["dropped"]
         if dropped == 1 or dropped % 100 == 0:
             log.warning(
                 "trace writer dropped rollout %s (%s); %d dropped so far (queue size %d)",
-                trace.response.run_id,
+                run_id_of(trace),
                 reason,
                 dropped,
                 self.queue_size,
@@ -181,7 +200,7 @@ class TraceWriter:
     async def _run(self) -> None:
         stopping = False
         while not stopping:
-            batch: list[RolloutTrace] = []
+            batch: list[RolloutTrace | EncodedTrace] = []
             item = await self._queue.get()
             while True:
                 if item is _STOP:
@@ -200,7 +219,7 @@ class TraceWriter:
                 except Exception:  # the writer must outlive any one failure
                     log.exception("trace writer: batch of %d rollouts failed", len(batch))
 
-    async def _write_batch(self, batch: list[RolloutTrace]) -> None:
+    async def _write_batch(self, batch: list[RolloutTrace | EncodedTrace]) -> None:
         started = time.monotonic()
         self._max_batch_seen = max(self._max_batch_seen, len(batch))
         # Encoding is CPU work (milliseconds per long rollout): off the event loop.
@@ -219,30 +238,34 @@ class TraceWriter:
                     try:
                         await self._transaction(rows, 1)
                     except Exception as one_exc:
-                        log.exception("trace writer: cannot write rollout %s", trace.response.run_id)
+                        log.exception("trace writer: cannot write rollout %s", run_id_of(trace))
                         self._fail(trace, one_exc)
             else:
-                log.exception("trace writer: cannot write %s", built[0][0].response.run_id if built else "")
+                log.exception("trace writer: cannot write %s", run_id_of(built[0][0]) if built else "")
                 for trace, _ in built:
                     self._fail(trace, exc)
         self._write_s += time.monotonic() - started
 
     def _encode(
-        self, batch: list[RolloutTrace], now: float
-    ) -> tuple[list[tuple[RolloutTrace, TraceRows]], list[tuple[RolloutTrace, Exception]]]:
-        built, failures = [], []
+        self, batch: list[RolloutTrace | EncodedTrace], now: float
+    ) -> tuple[list[tuple[RolloutTrace | EncodedTrace, TraceRows]], list[tuple[RolloutTrace, Exception]]]:
+        built: list[tuple[RolloutTrace | EncodedTrace, TraceRows]] = []
+        failures: list[tuple[RolloutTrace, Exception]] = []
         for trace in batch:
+            if isinstance(trace, EncodedTrace):
+                built.append((trace, trace.rows))
+                continue
             try:
-                built.append((trace, trace_rows(trace, uuid.uuid4().hex, self.writer_id, now)))
+                built.append((trace, encode_trace(trace, self.writer_id, now).rows))
             except Exception as exc:
                 log.exception("trace writer: cannot encode rollout %s", trace.response.run_id)
                 failures.append((trace, exc))
         return built, failures
 
-    def _fail(self, trace: RolloutTrace, exc: BaseException | None) -> None:
+    def _fail(self, trace: RolloutTrace | EncodedTrace, exc: BaseException | None) -> None:
         self._counts["failed"] += 1
         reason = f"write_error: {type(exc).__name__}: {exc}"[:500] if exc else "write_error"
-        self._pending_drops.append((trace.response.run_id, reason, time.time()))
+        self._pending_drops.append((run_id_of(trace), reason, time.time()))
 
     async def _transaction(self, rows: TraceRows, rollouts: int) -> None:
         conn = self._conn
