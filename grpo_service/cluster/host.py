@@ -28,6 +28,7 @@ from typing import Any
 from grpo_service.config import Settings
 from grpo_service.errors import ServiceError, error_body
 from grpo_service.tracing.traces import RolloutTrace
+from grpo_service.tracing.writer import encode_trace
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,6 @@ class RemoteTraceSink:
         task.add_done_callback(self._pending.discard)
 
     async def _send(self, trace: RolloutTrace) -> None:
-        from grpo_service.tracing.writer import encode_trace
-
         if self.writer_id is None:
             self.writer_id = await self.actor.writer_id.remote()
         try:
@@ -139,13 +138,12 @@ class Host:
         self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
     ) -> Answer:
         """One HTTP request through this host's app, answered whole."""
-        answer = await call_asgi(self.app, method, path, query, headers, body)
-        if self.tracer is not None:
-            await self.tracer.flush()
+        (answer,) = await self.requests([(method, path, query, headers, body)])
         return answer
 
     async def requests(self, batch: list[RequestArgs]) -> list[Answer]:
-        """Several short requests in one call (`grpo_service.cluster.batching`), answered in order."""
+        """Requests run through this host's app at once (several: `grpo_service.cluster.batching`),
+        answered in order once the traces they produced are queued in the writer."""
         answers = await asyncio.gather(*(call_asgi(self.app, *args) for args in batch))
         if self.tracer is not None:
             await self.tracer.flush()
