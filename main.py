@@ -159,7 +159,7 @@ def fastapi_app() -> FastAPI:
 @modal.sessioned()
 class TaskAppSessions:
     """The task app behind Modal's sticky sessions: every request carries a session token
-    (``Modal-Authorization: Bearer <token>``, `grpo_service.modal_sessions`), and all requests of
+    (``Modal-Authorization: Bearer <token>``, `grpo_service.client.modal_sessions`), and all requests of
     a session reach the container that holds its live envs, policies and runs."""
 
     @modal.enter()
@@ -196,6 +196,6 @@ def __getattr__(name: str) -> Any:
 
 
 if __name__ == "__main__":
-    from grpo_service.serving.server import serve
+    from grpo_service.serving import serve
 
     serve(Settings())

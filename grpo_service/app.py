@@ -14,21 +14,22 @@ from fastapi_offline import FastAPIOffline
 
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
-from grpo_service import __version__
-from grpo_service.auth import APIKeyGate, document_security, redact_access_log
+from grpo_service.api.auth import APIKeyGate, document_security, redact_access_log
+from grpo_service.api.limits import BodySizeLimit
+from grpo_service.api.routes import batch, env, meta, policy, rollout, training, viewer
+from grpo_service.api.services import Services
 from grpo_service.config import Settings
-from grpo_service.deps import Services
-from grpo_service.environments import EnvManager
+from grpo_service.core.env_manager import EnvManager
+from grpo_service.core.policy_manager import PolicyManager
+from grpo_service.core.registry import Registry
+from grpo_service.core.snapshots import SnapshotService, load_signing_key
 from grpo_service.errors import install_error_handlers
-from grpo_service.limits import BodySizeLimit
-from grpo_service.openenv import server as openenv
-from grpo_service.policies import PolicyManager
-from grpo_service.registry import Registry
+from grpo_service.gc_tuning import serving_gc
+from grpo_service.protocols.agentgym import server as agentgym
+from grpo_service.protocols.openenv import server as openenv
 from grpo_service.rollout import RolloutCoordinator
-from grpo_service.routes import agentgym, env, meta, policy, rollout, rollouts, training, viewer
-from grpo_service.serving.gc_tuning import serving_gc
-from grpo_service.snapshots import SnapshotService, load_signing_key
 from grpo_service.tracing.traces import TraceSink
+from grpo_service.version import __version__
 from inference import ClientPool
 from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
 
@@ -111,14 +112,14 @@ def create_app(
     if settings.ray_address is not None:  # the hosts hold the live objects; the cluster traces
         from grpo_service.cluster.cluster import Cluster
 
-        cluster = Cluster(settings)
+        cluster = Cluster(settings, app_factory=create_app)
     elif tracer is None and settings.trace_db is not None:
         from grpo_service.tracing import TraceWriter
 
         tracer = TraceWriter(settings.trace_db, queue_size=settings.trace_queue_size)
     services = build_services(settings, store, tracer)
     if settings.training_enabled and cluster is None:  # through Ray, jobs run on a host
-        from grpo_service.training_service import TrainingService
+        from grpo_service.training_api.service import TrainingService
 
         services.training = TrainingService.from_settings(settings)
 
@@ -154,7 +155,7 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout, rollouts, viewer):  # each route lists the errors it can return
+    for module in (meta, env, policy, rollout, batch, viewer):  # each route lists the errors it can return
         app.include_router(module.router)
     agentgym.mount(app, services)
     openenv.mount(app, services)

@@ -36,10 +36,10 @@ import httpx
 import torch
 
 from grpo_service import Settings, create_app
-from grpo_service.eval import EvalConfig, run_eval
-from grpo_service.llm_training import TaskAppClient
+from grpo_service.client.eval import EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
+from grpo_service.training_api.llm_jobs import TaskAppClient
 from tools.bench.samplers import sampler_server
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm_loop import GAMES, evaluate, policy_config  # noqa: E402
 
 from grpo_service import Settings, create_app  # noqa: E402
-from grpo_service.llm_training import TaskAppClient  # noqa: E402
+from grpo_service.training_api.llm_jobs import TaskAppClient  # noqa: E402
 from tools.server_thread import ServerThread  # noqa: E402
 from training.llm.config import RLConfig  # noqa: E402
 from training.llm.rl import train_rl  # noqa: E402

@@ -4,7 +4,7 @@
 
 Everything runs in this process on 127.0.0.1: the task app and `serve-model`; the BabyAI solver's
 episodes in both conversation shapes (TRL's: the env's observations come back as tool results, via
-`grpo_service.trl_env.play_episode`; the project's agent with the ``tool_calls`` format: its traced
+`grpo_service.client.trl_env.play_episode`; the project's agent with the ``tool_calls`` format: its traced
 rollouts through ``export-sft``); `init-model` and the project's SFT on both; then for each seed
 TRL's `GRPOTrainer` (``environment_factory`` over the task app, ``use_vllm=False``) and the
 project's `train --type rl` with the same budget of episodes (steps x B x G) and learning rate.
@@ -31,10 +31,8 @@ import httpx
 import torch
 
 from grpo_service import Settings, create_app
-from grpo_service.eval import EvalConfig, run_eval
-from grpo_service.llm_training import TaskAppClient
-from grpo_service.tracing.export import ExportFilters, export_sft
-from grpo_service.trl_env import (
+from grpo_service.client.eval import EvalConfig, run_eval
+from grpo_service.client.trl_env import (
     SERVICE_CLOCK,
     TaskAppEnv,
     environment_factory,
@@ -42,6 +40,8 @@ from grpo_service.trl_env import (
     solver_reply,
     write_demonstrations,
 )
+from grpo_service.tracing.export import ExportFilters, export_sft
+from grpo_service.training_api.llm_jobs import TaskAppClient
 from scripts.bench_llm_loop import GAMES, bench_model_spec, bootstrap_interval, collect_teacher
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig

@@ -81,7 +81,7 @@ async def test_child_server_listens_on_loopback_and_stops(tmp_path: Path) -> Non
 def test_serving_gc_raises_thresholds_and_restores_them() -> None:
     import gc
 
-    from grpo_service.serving.gc_tuning import SERVING_THRESHOLDS, serving_gc
+    from grpo_service.gc_tuning import SERVING_THRESHOLDS, serving_gc
 
     before = gc.get_threshold()
     gc.set_threshold(700, 10, 10)

@@ -26,7 +26,7 @@ HEAVY = (
     "inference",
     "torch",
     "grpo_service.app",
-    "grpo_service.eval",
+    "grpo_service.client.eval",
     "grpo_service.tracing.export",
     "tools.bench.run",
 )

@@ -1,4 +1,4 @@
-"""The typed client (`grpo_service.client`), sync and async, against a real server on loopback."""
+"""The typed client (`grpo_service.client.task_app`), sync and async, against a real server on loopback."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from grpo_service.client import (
+from grpo_service.client.task_app import (
     AsyncTaskAppClient,
     ServiceCallError,
     ServiceRequest,

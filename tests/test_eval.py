@@ -14,7 +14,7 @@ import envs
 from envs.base import Environment
 from envs.crafter.env import CrafterEnv, crafter_score
 from grpo_service.cli import app
-from grpo_service.eval import EpisodeResult, EvalConfig, aggregate, parse_seeds
+from grpo_service.client.eval import EpisodeResult, EvalConfig, aggregate, parse_seeds
 from tests.conftest import MODEL
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread

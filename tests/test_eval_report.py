@@ -13,7 +13,7 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from grpo_service.cli import app as cli_app
-from grpo_service.eval_report import render_report, success_rates
+from grpo_service.reporting.eval_report import render_report, success_rates
 
 
 def _episode(i: int, ret: float, achievements: list[str], failure: str | None = None, returned: bool = True):

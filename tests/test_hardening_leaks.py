@@ -22,8 +22,8 @@ import httpx
 import psutil
 import pytest
 
+from grpo_service.api.services import Services
 from grpo_service.app import build_services, reap_idle
-from grpo_service.deps import Services
 from tests.conftest import MODEL, make_settings
 from tests.hardening import counts, rss_mb
 from tools.fake_server import FakeConfig, FakeInferenceServer

@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from grpo_service import Settings
 from grpo_service.app import build_services
-from grpo_service.branching import branch
+from grpo_service.core.branching import branch
 from grpo_service.errors import CapacityExceeded
 from grpo_service.models import BranchRequest, RolloutRequest
 from storage import SnapshotCodec, SnapshotCorrupt

@@ -18,12 +18,12 @@ import httpx
 import torch
 from safetensors.torch import load_file
 
-import grpo_service.cli  # noqa: F401  (first: grpo_service.eval and the CLI import each other)
+import grpo_service.cli  # noqa: F401  (first: grpo_service.client.eval and the CLI import each other)
 from grpo_service import create_app
-from grpo_service.eval import EvalConfig, run_eval
-from grpo_service.llm_training import TaskAppClient
+from grpo_service.client.eval import EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
+from grpo_service.training_api.llm_jobs import TaskAppClient
 from tests.conftest import make_settings
 from tests.llm_helpers import TINY
 from tests.llm_toy import toy_plugins

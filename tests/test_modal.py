@@ -221,8 +221,8 @@ def test_the_client_starts_sends_and_ends_a_modal_session(
 ) -> None:
     """``ModalSession.start`` asks Modal's Server for a session; the typed client sends its token
     on every request; ``end`` terminates it. Modal's Server is a fake here (no network)."""
-    from grpo_service.client import TaskAppClient
-    from grpo_service.modal_sessions import ModalSession
+    from grpo_service.client.modal_sessions import ModalSession
+    from grpo_service.client.task_app import TaskAppClient
     from tools.server_thread import ServerThread
 
     seen: list[str | None] = []

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from grpo_service import create_app
-from grpo_service.openenv.links import ClusterLink
+from grpo_service.protocols.openenv.links import ClusterLink
 from tests.conftest import make_settings
 
 KEY = "links-test-key-0123456789"

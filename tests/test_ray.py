@@ -149,8 +149,8 @@ def test_steps_sent_in_one_turn_go_to_their_host_in_one_call() -> None:
     """`StepBatcher`, with a stand-in for the cluster's actor calls: what arrives for a host in
     one event-loop turn is one call, a lone step goes as a plain request, and a host's failure
     is every waiting request's."""
-    from grpo_service.cluster.batching import StepBatcher
     from grpo_service.cluster.cluster import HostRef
+    from grpo_service.cluster.step_batcher import StepBatcher
     from grpo_service.errors import HostLost
 
     calls: list[tuple[str, str, int]] = []

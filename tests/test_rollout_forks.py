@@ -16,7 +16,7 @@ import pytest
 
 from envs.crafter.env import CrafterEnv
 from grpo_service import create_app
-from grpo_service.client import ServiceCallError, TaskAppClient
+from grpo_service.client.task_app import ServiceCallError, TaskAppClient
 from grpo_service.models import ForkPlan, RolloutGroupResponse
 from tests.conftest import make_settings
 from tests.llm_toy import toy_plugins

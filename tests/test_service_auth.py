@@ -72,7 +72,7 @@ def test_no_key_means_loopback_only() -> None:
         [
             sys.executable,
             "-c",
-            "from grpo_service.serving.server import serve; from grpo_service import Settings; "
+            "from grpo_service.serving import serve; from grpo_service import Settings; "
             "serve(Settings(_env_file=None))",
         ],
         env=env,

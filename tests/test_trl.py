@@ -1,4 +1,4 @@
-"""TRL's GRPOTrainer trains against the task app through `grpo_service.trl_env`: the factory's
+"""TRL's GRPOTrainer trains against the task app through `grpo_service.client.trl_env`: the factory's
 tools are the env's own (typed, documented, as TRL reads them), G rollouts of a prompt start from
 the same state, rewards are the env's, and every episode TRL plays is traced by the service.
 One task app (with the one-decision ``toy-words`` env registered) for the module."""
@@ -16,8 +16,7 @@ import httpx
 import pytest
 
 from grpo_service import create_app
-from grpo_service.tracing import TraceReader
-from grpo_service.trl_env import (
+from grpo_service.client.trl_env import (
     DONE,
     SERVICE_CLOCK,
     TaskAppEnv,
@@ -27,6 +26,7 @@ from grpo_service.trl_env import (
     tool_schemas,
     write_demonstrations,
 )
+from grpo_service.tracing import TraceReader
 from tests.conftest import make_settings
 from tests.llm_helpers import CORPUS
 from tests.llm_toy import WORDS, toy_plugins

@@ -21,11 +21,11 @@ from typer.testing import CliRunner
 
 from envs.base import ENVIRONMENTS, Environment, Frame, StepResult
 from envs.crafter.env import FRAME_SIZE
+from grpo_service.api.routes.viewer import create_viewer_app
 from grpo_service.cli import app as cli_app
-from grpo_service.registry import new_instance_id
-from grpo_service.routes.viewer import create_viewer_app
+from grpo_service.core.registry import new_instance_id
+from grpo_service.reporting.viewer import queries as runs
 from grpo_service.tracing.reader import TraceReader
-from grpo_service.viewer import runs
 from tests.conftest import REPO, free_port
 from tests.viewer_data import GROUP_SIZE, synthetic_db
 from tools.server_thread import ServerThread
@@ -411,7 +411,7 @@ def test_a_damaged_json_cell_is_a_clear_4xx(real_trace_db: Path, tmp_path: Path)
 
 def test_the_modal_image_ships_the_viewer_page() -> None:
     import main
-    from grpo_service.routes.viewer import STATIC_DIR
+    from grpo_service.api.routes.viewer import STATIC_DIR
 
     ignored = ~main.SHIPPED_FILES
     assert all(not ignored(path) for path in STATIC_DIR.iterdir())

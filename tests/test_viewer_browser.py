@@ -225,7 +225,7 @@ def test_the_page_says_where_a_replay_diverges(
 ) -> None:
     import sqlite3
 
-    from grpo_service.routes.viewer import create_viewer_app
+    from grpo_service.api.routes.viewer import create_viewer_app
     from tools.server_thread import ServerThread
 
     db = tmp_path / "tampered.db"

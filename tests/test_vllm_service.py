@@ -24,11 +24,11 @@ import httpx
 import pytest
 import torch
 
-import grpo_service.cli  # noqa: F401  (first: grpo_service.eval and the CLI import each other)
-from grpo_service.eval import EvalConfig, run_eval
-from grpo_service.llm_training import TaskAppClient
+import grpo_service.cli  # noqa: F401  (first: grpo_service.client.eval and the CLI import each other)
+from grpo_service.client.eval import EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
+from grpo_service.training_api.llm_jobs import TaskAppClient
 from tests.test_llm_loop import wait_for_runs
 from tests.vllm_helpers import SERVED, RealVLLM
 from tools.server_thread import ServerThread

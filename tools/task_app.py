@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from grpo_service import Settings, create_app
-from grpo_service.client import TaskAppClient
+from grpo_service.client.task_app import TaskAppClient
 from tools.server_thread import ServerThread
 
 

@@ -11,7 +11,7 @@ import typer
 if TYPE_CHECKING:
     from rich.table import Table
 
-    from grpo_service.eval import EvalConfig
+    from grpo_service.client.eval import EvalConfig
 
 
 COMMON_KEYS = frozenset(
@@ -24,7 +24,7 @@ def load_config(path: Path | None, overrides: dict[str, Any]) -> EvalConfig:
     """TOML keys (top level, or an ``[eval]`` table) overridden by the flags that were given."""
     import tomllib
 
-    from grpo_service.eval import EvalConfig
+    from grpo_service.client.eval import EvalConfig
 
     values: dict[str, Any] = {}
     if path is not None:
@@ -106,8 +106,8 @@ def eval_command(
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from grpo_service.client import ServiceCallError
-    from grpo_service.eval import EpisodeResult, aggregate, environment_metrics, run_eval
+    from grpo_service.client.eval import EpisodeResult, aggregate, environment_metrics, run_eval
+    from grpo_service.client.task_app import ServiceCallError
     from grpo_service.tracing.codec import redact
 
     console = Console()
@@ -171,7 +171,7 @@ def eval_command(
         json_out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         console.print(f"wrote {json_out}")
     if report_out is not None:
-        from grpo_service.eval_report import write_report
+        from grpo_service.reporting.eval_report import write_report
 
         viewer = viewer_url or config.base_url.rstrip("/") + "/viewer"
         console.print(f"wrote {write_report(report_out, report, viewer_url=viewer)}")
@@ -190,7 +190,7 @@ def eval_report_command(
     """Turn an `eval --json` result into the HTML report (charts embedded, one file)."""
     from rich.console import Console
 
-    from grpo_service.eval_report import write_report
+    from grpo_service.reporting.eval_report import write_report
 
     console = Console()
     try:

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from rich.console import Console
     from rich.table import Table
 
-    from grpo_service.client import TaskAppClient
+    from grpo_service.client.task_app import TaskAppClient
     from grpo_service.models import RolloutResponse, RunStatusResponse
 
 POLL_INTERVAL_S = 0.2
@@ -52,7 +52,7 @@ def rollout_request(
 
 def outcome_text(response: RolloutResponse) -> str:
     """``completed (episode_done)``, or ``failed: <cause>: <detail>``."""
-    from grpo_service.client import rollout_failure
+    from grpo_service.client.task_app import rollout_failure
 
     cause, detail = rollout_failure(response)
     if cause is None:
@@ -124,7 +124,7 @@ def rollout_command(
     when it could not be run."""
     from rich.console import Console
 
-    from grpo_service.client import (
+    from grpo_service.client.task_app import (
         ServiceCallError,
         TaskAppClient,
         build_policy_config,
@@ -195,7 +195,7 @@ def _poll(
     """Poll ``/run/status`` until the run has finished, showing turn k/N; Ctrl-C aborts the run."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from grpo_service.client import ServiceCallError
+    from grpo_service.client.task_app import ServiceCallError
 
     deadline = time.monotonic() + deadline_s
     with Progress(

@@ -101,7 +101,7 @@ def serve_command(
         ray_address="local" if workers not in (None, 1) and ray is None else ray,
         ray_hosts=workers if ray_hosts is None else ray_hosts,
     )
-    from grpo_service.auth import check_bind_safety
+    from grpo_service.api.auth import check_bind_safety
 
     # Refuse an unsafe bind before announcing anything.
     check_bind_safety(settings.host, settings.environment_api_key is not None, settings.allow_insecure)
@@ -118,7 +118,7 @@ def serve_command(
     if settings.ray_address is not None:
         hosts = settings.ray_hosts or "one per CPU of the"
         console.print(f"[bold]Ray[/]: {hosts} hosts on the cluster {settings.ray_address!r}")
-    from grpo_service.serving.server import serve
+    from grpo_service.serving import serve
 
     if reload:
         # The reloader's child rebuilds Settings from the environment, so hand it everything.

@@ -105,7 +105,7 @@ def train_command(
             console.print(f"[red]SFT failed[/]: {exc}")
             raise typer.Exit(1) from None
     else:
-        from grpo_service.llm_training import train_rl_job
+        from grpo_service.training_api.llm_jobs import train_rl_job
 
         result = train_rl_job(config)
     console.print(_summary(f"train --type {type_.value}", result))

@@ -158,7 +158,7 @@ def jobs_command(
     import httpx
     from rich.table import Table
 
-    from grpo_service.client import ServiceCallError, ServiceRequest, call, headers, timeout
+    from grpo_service.client.task_app import ServiceCallError, ServiceRequest, call, headers, timeout
 
     try:
         with httpx.Client(base_url=base_url, headers=headers(api_key), timeout=timeout(10.0)) as client:

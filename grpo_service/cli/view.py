@@ -42,10 +42,10 @@ def view_command(
     import uvicorn
     from rich.console import Console
 
-    from grpo_service.auth import check_bind_safety
+    from grpo_service.api.auth import check_bind_safety
+    from grpo_service.api.routes.viewer import create_viewer_app
     from grpo_service.errors import ServiceError
-    from grpo_service.routes.viewer import create_viewer_app
-    from grpo_service.viewer import runs
+    from grpo_service.reporting.viewer import queries as runs
 
     console = Console()
     path = db if db is not None else newest_db(Path.cwd(), console)

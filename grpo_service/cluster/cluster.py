@@ -23,10 +23,17 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_service.cluster.host import HOST_PREFIX, TRACE_SINK_NAME, Host, TraceSinkActor, host_name
+from grpo_service.cluster.host import (
+    HOST_PREFIX,
+    TRACE_SINK_NAME,
+    AppFactory,
+    Host,
+    TraceSinkActor,
+    host_name,
+)
 from grpo_service.config import Settings
+from grpo_service.core.registry import INSTANCE_ENV_VAR
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance
-from grpo_service.registry import INSTANCE_ENV_VAR
 
 log = logging.getLogger(__name__)
 
@@ -114,8 +121,9 @@ def connect(settings: Settings) -> bool:
 class Cluster:
     """The hosts of one namespace, as one front sees them."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, app_factory: AppFactory) -> None:
         self.settings = settings
+        self.app_factory = app_factory  # each host builds its app with it (pickled by reference)
         self.namespace = settings.ray_namespace
         self.hosts: dict[str, HostRef] = {}
         self.lost: dict[str, Lost] = {}
@@ -201,7 +209,12 @@ class Cluster:
                     scheduling_strategy="SPREAD",
                     runtime_env={"env_vars": {INSTANCE_ENV_VAR: tag}},
                 )
-                .remote(tag, host_settings(self.settings, index, total, training=index == 0), self.trace_sink)
+                .remote(
+                    tag,
+                    host_settings(self.settings, index, total, training=index == 0),
+                    self.app_factory,
+                    self.trace_sink,
+                )
             )
             self._created.append(actor)
             actors.append(actor)

@@ -4,7 +4,7 @@ A host builds the same app as ``python main.py`` (its registries, managers and c
 answers the front's calls in its own event loop. The front sends it whole HTTP requests
 (`Host.request`): one actor call per request, so a rollout, a group part or a batch is one
 call, never one per step; a per-step client's steps travel several to a call (`Host.requests`,
-`grpo_service.cluster.batching`). Ids the host issues carry its tag (`GRPO_INSTANCE_ID`, set by the
+`grpo_service.cluster.step_batcher`). Ids the host issues carry its tag (`GRPO_INSTANCE_ID`, set by the
 front), which is how any front finds the host of an id: the actor named ``grpo-host-{tag}``.
 
 Finished rollouts are encoded as trace rows here and go to the cluster's one trace writer
@@ -17,26 +17,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from grpo_service.api.asgi import Answer, RequestArgs, call_asgi
+from grpo_service.api.listing import env_summary, listed_run, policy_summary
 from grpo_service.config import Settings
-from grpo_service.errors import ServiceError, error_body
+from grpo_service.errors import ServiceError
 from grpo_service.tracing.traces import RolloutTrace
 from grpo_service.tracing.writer import encode_trace
 
 log = logging.getLogger(__name__)
 
+AppFactory = Callable[..., Any]
+"""``create_app``: ``(settings, tracer=...) -> app``, handed down by the app that makes the cluster."""
+
 HOST_PREFIX = "grpo-host-"
 TRACE_SINK_NAME = "grpo-traces"
-
-Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
-RequestArgs = tuple[str, str, bytes, list[tuple[bytes, bytes]], bytes]  # method, path, query, headers, body
 
 
 def host_name(tag: str) -> str:
@@ -104,12 +105,10 @@ class TraceSinkActor:
 class Host:
     """A Ray actor (async: its requests interleave like an embedded server's)."""
 
-    def __init__(self, tag: str, settings: Settings, trace_sink: Any = None) -> None:
-        from grpo_service.app import create_app
-
+    def __init__(self, tag: str, settings: Settings, app_factory: AppFactory, trace_sink: Any = None) -> None:
         self.tag = tag
         self.tracer = RemoteTraceSink(trace_sink) if trace_sink is not None else None
-        self.app = create_app(settings, tracer=self.tracer)
+        self.app = app_factory(settings, tracer=self.tracer)
         self.services = self.app.state.services
         self._lifespan: contextlib.AsyncExitStack | None = None
 
@@ -142,7 +141,7 @@ class Host:
         return answer
 
     async def requests(self, batch: list[RequestArgs]) -> list[Answer]:
-        """Requests run through this host's app at once (several: `grpo_service.cluster.batching`),
+        """Requests run through this host's app at once (several: `grpo_service.cluster.step_batcher`),
         answered in order once the traces they produced are queued in the writer."""
         answers = await asyncio.gather(*(call_asgi(self.app, *args) for args in batch))
         if self.tracer is not None:
@@ -172,10 +171,6 @@ class Host:
 
     async def summaries(self, kind: str, rl_run_id: str | None) -> list[dict[str, Any]]:
         """Every live env, policy or run of this host as its listing summary (oldest first)."""
-        from grpo_service.routes.env import env_summary
-        from grpo_service.routes.policy import policy_summary
-        from grpo_service.routes.rollout import listed_run
-
         registry = self.services.registry
         table, summary = {
             "env": (registry.envs, env_summary),
@@ -194,58 +189,3 @@ class Host:
             "active_jobs": len(training.runner.active()) if training else 0,
             "loaded_models": training.models.loaded_count() if training else 0,
         }
-
-
-async def call_asgi(
-    app: Any,
-    method: str,
-    path: str,
-    query: bytes,
-    headers: list[tuple[bytes, bytes]],
-    body: bytes,
-    scope_extra: dict[str, Any] | None = None,
-) -> Answer:
-    """Run one request through an ASGI app in this event loop and collect its whole answer."""
-    status, out_headers, chunks = 500, [], []
-    received = False
-
-    async def receive() -> dict[str, Any]:
-        nonlocal received
-        if not received:
-            received = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        await asyncio.Event().wait()  # the front's client never disconnects from here
-        raise AssertionError("unreachable")
-
-    async def send(message: dict[str, Any]) -> None:
-        nonlocal status, out_headers
-        if message["type"] == "http.response.start":
-            status, out_headers = message["status"], list(message.get("headers", []))
-        elif message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": query,
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 0),
-        "server": ("127.0.0.1", 0),
-        "state": {},
-        **(scope_extra or {}),
-    }
-    try:
-        await app(scope, receive, send)
-    except ServiceError as exc:  # raised by middleware outside the error handlers
-        return exc.status_code, [(b"content-type", b"application/json")], _error_json(exc.code, exc.message)
-    return status, out_headers, b"".join(chunks)
-
-
-def _error_json(code: str, detail: str) -> bytes:
-    return json.dumps(error_body(code, detail)).encode()

@@ -12,7 +12,7 @@
   group has a part on each); the listings and ``/health`` add up every host's.
 - Training jobs and AgentGym's integer-id sessions live on one host (`Cluster.home`).
 - The docs, ``/info`` and the trace viewer (the trace DB is on the front's node) answer here;
-  OpenEnv's WebSockets end here too, their sessions on hosts (`grpo_service.openenv.links`).
+  OpenEnv's WebSockets end here too, their sessions on hosts (`grpo_service.protocols.openenv.links`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,11 @@ from urllib.parse import parse_qs
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from grpo_service.batch import batch_response
-from grpo_service.cluster.batching import BATCHED, StepBatcher
+from grpo_service.api.asgi import Answer, RequestArgs, call_asgi
+from grpo_service.api.listing import Page, paginate
 from grpo_service.cluster.cluster import Cluster, HostRef, share
-from grpo_service.cluster.host import Answer, RequestArgs, call_asgi
+from grpo_service.cluster.step_batcher import BATCHED, StepBatcher
+from grpo_service.core.registry import TAGGED_ID_PATTERN, new_id
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
     BatchRolloutResult,
@@ -45,8 +46,7 @@ from grpo_service.models import (
     RunList,
     RunStarted,
 )
-from grpo_service.paging import Page, paginate
-from grpo_service.registry import TAGGED_ID_PATTERN, new_id
+from grpo_service.rollout.batch import batch_response
 from grpo_service.rollout.coordinator import group_response
 
 _ID_IN_BODY = re.compile(f'"{TAGGED_ID_PATTERN}"'.encode())  # a whole JSON string
@@ -55,7 +55,7 @@ _HOP_HEADERS = frozenset({b"host", b"content-length", b"connection", b"keep-aliv
 
 # Answered by the front's own app: the docs, /info and the viewer (the trace DB is on this node).
 # OpenEnv's routes go to the hosts like the rest: /mcp by its session id, and the front's
-# WebSockets reach their sessions through /openenv/<env>/link (`grpo_service.openenv.links`).
+# WebSockets reach their sessions through /openenv/<env>/link (`grpo_service.protocols.openenv.links`).
 LOCAL_PREFIXES = ("/docs", "/redoc", "/openapi.json", "/info", "/viewer")
 HOME_PREFIXES = ("/agentgym/", "/train", "/training/", "/inference", "/models")
 HOME_PATHS = frozenset({"/"})  # the training API's root

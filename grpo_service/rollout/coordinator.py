@@ -6,8 +6,10 @@ kept), and a failed member never sinks its group. A policy failure (no tool call
 action, inference error) ends the rollout with ``stop_reason = "policy_error:<kind>"`` and is
 recorded in the trajectory; it is data for the trainer, not an HTTP error.
 
-The pieces: `RunBook` (runs.py) keeps the runs, `EpisodeLoop` (episode.py) plays one rollout,
-records.py builds its steps, trajectories and metrics; this module ties them together.
+The pieces, each called from above only: `RunBook` (run_book.py) keeps the runs,
+`RolloutPlayer` (player.py) plays one registered rollout or group member, `ForkingGroup`
+(forks.py) plays a group with a fork plan through the same player; this module admits
+rollouts and groups and ties their answers together.
 """
 
 from __future__ import annotations
@@ -19,28 +21,23 @@ import time
 from typing import Any
 
 from grpo_service.config import Settings
-from grpo_service.environments import EnvManager
+from grpo_service.core.env_manager import EnvManager
+from grpo_service.core.policy_manager import PolicyManager, check_plays
+from grpo_service.core.registry import EnvHandle, Registry, RunHandle, new_instance_id
 from grpo_service.errors import Unprocessable
 from grpo_service.models import (
     GroupMember,
     GroupMetrics,
-    RolloutEnvSpec,
     RolloutGroupRequest,
     RolloutGroupResponse,
-    RolloutPolicySpec,
     RolloutRequest,
     RolloutResponse,
 )
-from grpo_service.policies import PolicyManager, check_plays
-from grpo_service.registry import EnvHandle, Registry, RunHandle, new_instance_id
-from grpo_service.rollout.episode import EpisodeLoop, unshared
 from grpo_service.rollout.forks import ForkingGroup, admit_tree, check_forkable
 from grpo_service.rollout.membership import Membership
-from grpo_service.rollout.records import final_record, metrics, trajectory, untrainable_warning
-from grpo_service.rollout.runs import RunBook, error_message
-from grpo_service.tracing.traces import RolloutTrace, TraceSink
-
-TERMINATED = ("env_terminated", "policy_terminated")  # stop reasons: a caller ended what it played
+from grpo_service.rollout.player import RolloutPlayer, member_request
+from grpo_service.rollout.run_book import RunBook
+from grpo_service.tracing.traces import TraceSink
 
 
 class RolloutCoordinator:
@@ -58,16 +55,17 @@ class RolloutCoordinator:
         self.settings = settings
         self.tracer = tracer
         self.runs = RunBook(registry)
+        self.player = RolloutPlayer(envs, policies, registry, self.runs, settings, tracer)
 
     # ---------------------------------------------------------------------------- public API
 
     async def rollout(self, req: RolloutRequest) -> RolloutResponse:
         run = self._register_rollout(req)
-        return await self._run_registered(run, req)
+        return await self.player.play(run, req)
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
         run = self._register_rollout(req)
-        return _in_background(run, self._run_registered(run, req))
+        return _in_background(run, self.player.play(run, req))
 
     async def group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RolloutGroupResponse:
         """The group, or only its members ``members`` (a share of a group spread over Ray hosts;
@@ -87,108 +85,6 @@ class RolloutCoordinator:
     def _register_rollout(self, req: RolloutRequest) -> RunHandle:
         return self.runs.register(
             req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id
-        )
-
-    async def _run_registered(
-        self, run: RunHandle, req: RolloutRequest, member: Membership | None = None
-    ) -> RolloutResponse:
-        try:
-            response = await self._execute(run, req, member)
-        except BaseException as exc:
-            self.runs.fail(run, exc)
-            raise
-        self.runs.finish(run, response.status, result=response, error=response.error)
-        return response
-
-    async def _resolve_env(self, spec: RolloutEnvSpec, rl_run_id: str) -> tuple[EnvHandle, bool]:
-        """The env to play and whether this rollout owns it (and must terminate it)."""
-        if spec.env_id is not None:
-            return unshared(self.envs.get(spec.env_id), "env"), False
-        if spec.snapshot_id is not None:
-            return await self.envs.restore(spec.snapshot_id), True
-        assert spec.env_name is not None
-        return await self.envs.create(spec.env_name, spec.config, spec.seed, rl_run_id), True
-
-    async def _execute(
-        self, run: RunHandle, req: RolloutRequest, member: Membership | None
-    ) -> RolloutResponse:
-        started_wall, started = time.time(), time.monotonic()
-        if member is None and req.policy.policy_name and req.env.env_name:
-            check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
-        env, owns_env = (
-            (member.env, True) if member is not None else await self._resolve_env(req.env, req.rl_run_id)
-        )
-        own_deadline = started + req.safety.max_time_s
-        loop = EpisodeLoop(
-            run,
-            req,
-            env,
-            owns_env,
-            self.envs,
-            self.policies,
-            llm_timeout_s=req.safety.llm_timeout_s or self.settings.inference_timeout_s,
-            deadline=min(own_deadline, member.deadline) if member and member.deadline else own_deadline,
-            policy=member.policy if member else None,
-            first_turn=(member.fork_turn or 0) if member else 0,
-            before_decision=member.before_decision if member else None,
-        )
-        try:
-            await loop.play()
-        finally:
-            await loop.close()
-        response = self._response(loop, member, time.monotonic() - started)
-        policy = loop.policy
-        trace = RolloutTrace(
-            request=req,
-            response=response,
-            env_name=env.env_name,
-            policy_name=policy.policy_name if policy else (req.policy.policy_name or ""),
-            policy_config=self.policies.public_config(policy) if policy else {},
-            seed=self.envs.seed(env),
-            started_at=started_wall,
-            finished_at=time.time(),
-            decisions=loop.decisions,
-            env_config=self.envs.config(env),
-        )
-        if req.record.return_trace:
-            response.trace = trace.to_dict()
-        if self.tracer is not None:
-            self.tracer.submit(trace)
-        return response
-
-    @staticmethod
-    def _response(loop: EpisodeLoop, member: Membership | None, wall_s: float) -> RolloutResponse:
-        env, policy, episodes, stop_reason = loop.env, loop.policy, loop.episodes, loop.stop_reason
-        last = episodes[-1] if episodes else None
-        if last is not None and last.stop_reason == "running":
-            last.stop_reason = stop_reason
-            last.final = final_record(env.last, loop.req.record) if env.last else None
-            if not last.steps and len(episodes) > 1:
-                episodes.pop()  # an episode reset into and never played
-        record = loop.req.record
-        trajectories = [trajectory(ep, env, policy) for ep in episodes] if record.trajectories else []
-        status = (
-            "aborted"
-            if stop_reason in ("aborted", *TERMINATED)
-            else ("failed" if stop_reason == "error" else "completed")
-        )
-        summary = metrics(episodes, loop.decisions, loop.run, wall_s, loop.with_tokens)
-        return RolloutResponse(
-            run_id=loop.run.id,
-            status=status,
-            trajectories=trajectories,
-            metrics=summary,
-            warnings=[untrainable_warning(summary)] if summary.llm_calls_without_tokens else [],
-            aborted=stop_reason in ("aborted", "time_limit", *TERMINATED),
-            ops_executed=loop.ops_executed,
-            stop_reason=stop_reason,
-            error=loop.error,
-            env_id=None if loop.owns_env else env.id,
-            policy_id=None if (loop.owns_policy or policy is None) else policy.id,
-            group_id=member.group_id if member else None,
-            group_index=member.group_index if member else None,
-            parent_index=member.parent_index if member else None,
-            fork_turn=member.fork_turn if member else None,
         )
 
     # ------------------------------------------------------------------------------- groups
@@ -211,7 +107,7 @@ class RolloutCoordinator:
         indices = range(req.tree_size()) if members is None or req.fork is not None else members
         member_ids = [f"{group_id}.{i}" for i in indices]
         self.runs.admit([group_id, *member_ids])
-        member_ops = len(_member_request(req, "x", None).op_list())
+        member_ops = len(member_request(req, "x", None).op_list())
         # A continuation's ops are known when it forks; until then, the most it may play.
         ops = [member_ops if i < req.group_size else member_ops - 2 for i in indices]
         run = self.runs.add(group_id, "group", sum(ops), req.rl_run_id)
@@ -238,13 +134,13 @@ class RolloutCoordinator:
             members = list(
                 await asyncio.gather(
                     *(
-                        self.play_member(member, req, Membership(run.id, member_index(member.id), env))
+                        self.player.play_member(member, req, Membership(run.id, member_index(member.id), env))
                         for member, env in zip(members_runs, start_envs, strict=True)
                     )
                 )
             )
         else:
-            forking = ForkingGroup(self, run, req, deadline=started + req.safety.max_time_s)
+            forking = ForkingGroup(self.player, run, req, deadline=started + req.safety.max_time_s)
             members, tree = await forking.play(start_envs)
         response = group_response(run.id, members, time.monotonic() - started, req.group_size, tree)
         # The group's own counters: its members' totals (live, /run/status sums the members).
@@ -253,19 +149,6 @@ class RolloutCoordinator:
         run.env_s = sum(m.env_s for m in members_runs)
         self.runs.finish(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
-
-    async def play_member(self, run: RunHandle, req: RolloutGroupRequest, member: Membership) -> GroupMember:
-        """Play one member of a group (``run`` is its registered run); a failure is the member's,
-        not the group's."""
-        index = member.group_index
-        member_req = _member_request(req, run.id, index)
-        if member.fork_turn:
-            member_req = member_req.model_copy(update={"max_turns": (req.max_turns or 0) - member.fork_turn})
-        try:
-            result = await self._run_registered(run, member_req, member)
-        except Exception as exc:
-            return GroupMember(group_index=index, run_id=run.id, status="failed", error=error_message(exc))
-        return GroupMember(group_index=index, run_id=run.id, status=result.status, result=result)
 
     async def _group_start_envs(self, req: RolloutGroupRequest, count: int) -> list[EnvHandle]:
         """``count`` identical starting envs: resets of one seed, or restores of one snapshot."""
@@ -312,18 +195,6 @@ def group_response(
             ),
         ),
         warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
-    )
-
-
-def _member_request(req: RolloutGroupRequest, run_id: str, index: int | None) -> RolloutRequest:
-    config = dict(req.policy.config)
-    if req.vary_policy_seed and index is not None and isinstance(config.get("seed"), int):
-        config["seed"] = config["seed"] + index
-    return RolloutRequest(
-        run_id=run_id,
-        env=RolloutEnvSpec(env_id="adopted"),
-        policy=RolloutPolicySpec(policy_name=req.policy.policy_name, config=config),
-        **req.plan(),
     )
 
 

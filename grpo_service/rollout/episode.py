@@ -20,11 +20,11 @@ from typing import TypeVar
 
 from envs.base import StepOptions, StepResult
 from envs.errors import PluginError
-from grpo_service.environments import EnvManager
+from grpo_service.core.env_manager import EnvManager
+from grpo_service.core.policy_manager import PolicyManager
+from grpo_service.core.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.errors import Conflict, NotFound, ServiceError
 from grpo_service.models import RolloutRequest
-from grpo_service.policies import PolicyManager
-from grpo_service.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.rollout.records import Episode, final_record, records_tokens, step_record
 from grpo_service.tracing.traces import DecisionTrace
 

@@ -22,19 +22,16 @@ import asyncio
 import statistics
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from envs.base import Environment, environment_class
 from grpo_service.config import Settings
+from grpo_service.core.registry import EnvHandle, PolicyHandle, Registry, RunHandle
 from grpo_service.errors import Unprocessable
 from grpo_service.models import ForkNode, GroupMember, GroupTree, RolloutGroupRequest, RolloutResponse
-from grpo_service.registry import EnvHandle, PolicyHandle, Registry, RunHandle
+from grpo_service.rollout.episode import EpisodeLoop
 from grpo_service.rollout.membership import Membership
-from grpo_service.rollout.runs import RunBook, error_message
-
-if TYPE_CHECKING:
-    from grpo_service.rollout.coordinator import RolloutCoordinator
-    from grpo_service.rollout.episode import EpisodeLoop
+from grpo_service.rollout.player import RolloutPlayer
+from grpo_service.rollout.run_book import RunBook, error_message
 
 
 def check_forkable(cls: type[Environment]) -> None:
@@ -106,13 +103,13 @@ class BusyClock:
 
 
 class ForkingGroup:
-    """Plays one forking group for a `RolloutCoordinator` (its registered run and request)."""
+    """Plays one forking group (its registered run and request), each member through the player."""
 
     def __init__(
-        self, coordinator: RolloutCoordinator, run: RunHandle, req: RolloutGroupRequest, deadline: float
+        self, player: RolloutPlayer, run: RunHandle, req: RolloutGroupRequest, deadline: float
     ) -> None:
         assert req.fork is not None and req.max_turns is not None
-        self.coordinator, self.run, self.req, self.plan = coordinator, run, req, req.fork
+        self.player, self.run, self.req, self.plan = player, run, req, req.fork
         self.deadline = deadline
         self.max_turns = req.max_turns
         self.fixed = self.plan.fixed_turns(self.max_turns)
@@ -156,7 +153,7 @@ class ForkingGroup:
 
         member = Membership(self.run.id, index, env, deadline=self.deadline, before_decision=before_decision)
         try:
-            played = await self.coordinator.play_member(self.member_runs[index], self.req, member)
+            played = await self.player.play_member(self.member_runs[index], self.req, member)
             if self.fixed is None and played.result is not None and not self.run.abort.is_set():
                 self._fork_by_rule(index, played.result)
         finally:
@@ -174,8 +171,8 @@ class ForkingGroup:
     async def _capture(self, root: int, loop: EpisodeLoop, turn: int) -> Capture:
         assert loop.policy is not None
         with self.clock:
-            env_state = await self.coordinator.envs.state_of(loop.env)
-            policy_state = await self.coordinator.policies.state_of(loop.policy)
+            env_state = await self.player.envs.state_of(loop.env)
+            policy_state = await self.player.policies.state_of(loop.policy)
         return Capture(root, turn, loop.env, loop.policy, env_state, policy_state)
 
     def _fork_by_rule(self, root: int, result: RolloutResponse) -> None:
@@ -195,7 +192,6 @@ class ForkingGroup:
 
     async def _continue(self, capture: Capture, indices: list[int]) -> list[GroupMember]:
         """Copy the captured state once per continuation and play them all."""
-        coordinator = self.coordinator
         try:
             with self.clock:
                 envs, policies = await self._copy(capture, indices)
@@ -219,20 +215,20 @@ class ForkingGroup:
             )
             for index, env, policy in zip(indices, envs, policies, strict=True)
         ]
-        plays = (coordinator.play_member(self.member_runs[m.group_index], self.req, m) for m in members)
+        plays = (self.player.play_member(self.member_runs[m.group_index], self.req, m) for m in members)
         return list(await asyncio.gather(*plays))
 
     async def _copy(self, capture: Capture, indices: list[int]) -> tuple[list[EnvHandle], list[PolicyHandle]]:
         """One env and one policy per continuation, from the captured states: all, or none."""
-        envs = await self.coordinator.envs.copies(capture.env, capture.env_state, len(indices))
-        policies = self.coordinator.policies
+        envs = await self.player.envs.copies(capture.env, capture.env_state, len(indices))
+        policies = self.player.policies
         try:
             offsets = [i - capture.root if self.req.vary_policy_seed else 0 for i in indices]
             payloads = [policies.with_seed(capture.policy_state, o) for o in offsets]
             return envs, await policies.copies(capture.policy, payloads, [e.id for e in envs])
         except BaseException:
             for env in envs:
-                await self.coordinator.envs.discard(env)
+                await self.player.envs.discard(env)
             raise
 
     def _release_unstarted(self, root: int) -> None:
@@ -244,6 +240,6 @@ class ForkingGroup:
             if i not in self.started
         }
         for run_id in unstarted:
-            self.coordinator.registry.runs.pop(run_id)
+            self.player.registry.runs.pop(run_id)
         self.run.member_ids = [i for i in self.run.member_ids if i not in unstarted]
         self.run.member_runs = [r for r in self.run.member_runs if r.id not in unstarted]

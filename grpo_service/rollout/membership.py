@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from grpo_service.registry import EnvHandle, PolicyHandle
+from grpo_service.core.registry import EnvHandle, PolicyHandle
 
 if TYPE_CHECKING:
     from grpo_service.rollout.episode import EpisodeLoop

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.base import StepResult
+from grpo_service.core.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.models import (
     LLMCallRecord,
     LLMTokens,
@@ -15,7 +16,6 @@ from grpo_service.models import (
     RolloutStep,
     Trajectory,
 )
-from grpo_service.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.tracing.traces import IMAGE_KEYS, DecisionTrace
 from inference import LLMCall
 

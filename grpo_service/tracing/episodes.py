@@ -10,13 +10,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs.base import PolicyDecision, StepResult
+from grpo_service.core.registry import new_instance_id
 from grpo_service.models import (
     MAX_TURNS,
     RolloutMetrics,
     RolloutRequest,
     RolloutResponse,
 )
-from grpo_service.registry import new_instance_id
 from grpo_service.tracing.traces import DecisionTrace, RolloutTrace
 
 

@@ -36,10 +36,10 @@ from typing import Any
 
 import aiosqlite
 
-from grpo_service import __version__
 from grpo_service.tracing.rows import TABLE_COLUMNS, TraceRows, insert_sql, trace_rows
 from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SCHEMA_VERSION, WAL_PRAGMA, migrate_async
 from grpo_service.tracing.traces import RolloutTrace
+from grpo_service.version import __version__
 
 log = logging.getLogger(__name__)
 

@@ -229,8 +229,8 @@ def measure_http(
 async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path | None) -> Measured:
     from grpo_service.app import build_services
     from grpo_service.config import Settings
+    from grpo_service.gc_tuning import serving_gc
     from grpo_service.models import RolloutGroupRequest
-    from grpo_service.serving.gc_tuning import serving_gc
 
     settings = Settings(
         _env_file=None,  # type: ignore[call-arg]

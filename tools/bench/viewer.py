@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import httpx
 import typer
 
-from grpo_service.routes.viewer import create_viewer_app
+from grpo_service.api.routes.viewer import create_viewer_app
 from tools.server_thread import ServerThread
 from tools.synthetic_traces import write_synthetic_db
 

@@ -1,0 +1,101 @@
+"""`/env/*`: environment lifecycle."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from grpo_service.api.listing import PageDep, env_summary, paginate
+from grpo_service.api.routes import service_router
+from grpo_service.api.services import ServicesDep
+from grpo_service.core.registry import EnvHandle
+from grpo_service.errors import error_responses
+from grpo_service.models import (
+    EnvCreateRequest,
+    EnvCreateResponse,
+    EnvList,
+    EnvResetRequest,
+    EnvResetResponse,
+    EnvRestoreRequest,
+    EnvRestoreResponse,
+    EnvSnapshotRequest,
+    EnvStepRequest,
+    EnvStepResponse,
+    EnvTerminateRequest,
+    SnapshotResponse,
+    TerminateResponse,
+)
+
+router = service_router("env", prefix="/env")
+
+
+def env_state(handle: EnvHandle) -> dict[str, Any]:
+    """The `EnvState` fields of a live env: its id and where its episode stands."""
+    last = handle.last
+    assert last is not None  # an env has an observation from its creation on
+    return {
+        "env_id": handle.id,
+        "observation": last.observation,
+        "info": last.info,
+        "step_idx": last.step_idx,
+        "done": last.done,
+    }
+
+
+@router.post("/create", response_model=EnvCreateResponse, responses=error_responses(400, 413, 422, 429))
+async def create(req: EnvCreateRequest, services: ServicesDep) -> EnvCreateResponse:
+    """Create an environment and start its first episode."""
+    handle = await services.envs.create(req.env_name, req.config, req.seed, req.rl_run_id)
+    handle.parent_env_id = req.parent_env_id
+    return EnvCreateResponse(**env_state(handle))
+
+
+@router.post(
+    "/reset", response_model=EnvResetResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
+async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse:
+    """Start a new episode (of ``seed`` if given, else the next episode of the env's seed)."""
+    result = await services.envs.reset(req.env_id, req.seed)
+    return EnvResetResponse(
+        env_id=req.env_id, observation=result.observation, info=result.info, step_idx=result.step_idx
+    )
+
+
+@router.post("/step", response_model=EnvStepResponse, responses=error_responses(400, 404, 409, 413, 421, 422))
+async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
+    """Execute one action, a list of actions, or the tool calls a policy emitted."""
+    result = await services.envs.step(req.env_id, **req.step_args())
+    return EnvStepResponse(env_id=req.env_id, **asdict(result))
+
+
+@router.post(
+    "/snapshot", response_model=SnapshotResponse, responses=error_responses(400, 404, 409, 413, 421, 422)
+)
+async def snapshot(req: EnvSnapshotRequest, services: ServicesDep) -> SnapshotResponse:
+    """Save the env's full live state; restore it with the returned ``snapshot_id``."""
+    meta = await services.envs.snapshot(req.env_id, req.rl_run_id)
+    return SnapshotResponse.model_validate(meta, from_attributes=True)
+
+
+@router.post(
+    "/restore", response_model=EnvRestoreResponse, responses=error_responses(400, 404, 413, 422, 429)
+)
+async def restore(req: EnvRestoreRequest, services: ServicesDep) -> EnvRestoreResponse:
+    """A new env that continues exactly where the snapshot was taken."""
+    handle = await services.envs.restore(req.snapshot_id, req.rl_run_id)
+    return EnvRestoreResponse(
+        **env_state(handle), parent_snapshot_id=req.snapshot_id, parent_env_id=handle.parent_env_id
+    )
+
+
+@router.post("/terminate", response_model=TerminateResponse, responses=error_responses(400, 413, 422))
+async def terminate(req: EnvTerminateRequest, services: ServicesDep) -> TerminateResponse:
+    """Release an env. Idempotent: an unknown or already terminated id answers ``existed: false``."""
+    return TerminateResponse(existed=await services.envs.terminate(req.env_id))
+
+
+@router.get("/list", response_model=EnvList, responses=error_responses(422))
+async def list_envs(page: PageDep, services: ServicesDep) -> EnvList:
+    """The live envs of this process, oldest first, a page at a time (filter by ``rl_run_id``)."""
+    listed = paginate(services.registry.envs, page, lambda h: h.rl_run_id, env_summary)
+    return EnvList(envs=listed.pop("items"), **listed)

@@ -1,0 +1,67 @@
+"""`StepBatcher`: a front's ``POST /env/step`` requests to one host, sent as one actor call.
+
+A Ray actor call costs about 0.8 ms of CPU between the two processes (measured on this
+project's 2-vCPU machine: ~0.4 ms in the caller, ~0.4 ms in the actor), several times what one
+Crafter step costs. Per-step clients (an OpenEnv or AgentGym client, a trainer stepping its own
+envs) send many small requests at once, so the front gathers the steps that arrive for one host
+within the same event-loop turn and sends them in one `Host.requests` call: by 8, a step's
+share of the call is ~0.1 ms.
+
+Only env steps are gathered: they are short and alike, so none waits long on another in its
+batch. A rollout, a reset that generates a world, or a policy step waiting on the LLM would hold
+up the batch's other answers, and goes alone (`Cluster.call` of `Host.request`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from grpo_service.api.asgi import Answer, RequestArgs
+from grpo_service.cluster.cluster import Cluster, HostRef
+
+BATCHED = frozenset({("POST", "/env/step")})
+
+
+class StepBatcher:
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self._gathering: dict[str, list[tuple[RequestArgs, asyncio.Future[Answer]]]] = {}
+        self._calls: set[asyncio.Task[None]] = set()
+
+    async def request(self, host: HostRef, args: RequestArgs) -> Answer:
+        """``args`` answered by ``host``, in one call with the other steps sent to it this turn."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Answer] = loop.create_future()
+        batch = self._gathering.get(host.tag)
+        if batch is None:
+            # Runs after the request handlers already scheduled in this turn: they join the batch.
+            batch = self._gathering[host.tag] = []
+            loop.call_soon(self._send, host)
+        batch.append((args, answer))
+        return await answer
+
+    def _send(self, host: HostRef) -> None:
+        batch = self._gathering.pop(host.tag)
+        call = asyncio.ensure_future(self._call(host, batch))
+        self._calls.add(call)  # a task only weakly referenced by the loop could be collected
+        call.add_done_callback(self._calls.discard)
+
+    async def _call(self, host: HostRef, batch: list[tuple[RequestArgs, asyncio.Future[Answer]]]) -> None:
+        try:
+            if len(batch) == 1:
+                answers: list[Any] = [await self.cluster.call(host, "request", *batch[0][0])]
+            else:
+                answers = await self.cluster.call(host, "requests", [args for args, _ in batch])
+        except Exception as exc:  # the host's failure (410/503/504) is every request's
+            for _, answer in batch:
+                if not answer.done():
+                    answer.set_exception(exc)
+            return
+        except BaseException:  # the front is shutting down
+            for _, answer in batch:
+                answer.cancel()
+            raise
+        for (_, answer), result in zip(batch, answers, strict=True):
+            if not answer.done():  # its client may have gone
+                answer.set_result(result)

@@ -1,0 +1,95 @@
+"""Wires the LLM trainers of `training.llm` to the task app: `TaskAppClient` is the service's
+HTTP client in the shape the GRPO loop asks for (`training.llm.rl.TaskApp`). The ``rl`` job
+(``grpo-service train --type rl`` and ``POST /train``) runs through `train_rl_job`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+import httpx
+
+from grpo_service.client.task_app import ServiceRequest, acall, headers, timeout
+from training.jobs import JobType, register_job_type
+from training.llm.config import RLConfig, SFTConfig
+
+
+class TaskAppClient:
+    """``POST /rollout/group`` with the API key, a deadline and retries on 429/503.
+
+    One `httpx.AsyncClient` per event loop (the trainer runs one loop per step)."""
+
+    def __init__(self, base_url: str, api_key: str | None = None, read_timeout_s: float = 900.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self.read_timeout_s = read_timeout_s
+
+    async def rollout_group(self, body: dict[str, Any]) -> dict[str, Any]:
+        async with httpx.AsyncClient(
+            base_url=self.base_url, headers=headers(self.api_key), timeout=timeout(self.read_timeout_s)
+        ) as client:
+            return await acall(client, ServiceRequest("POST", "/rollout/group", body, attempts=4))
+
+    def info(self) -> dict[str, Any]:
+        return asyncio.run(self._get("/info"))
+
+    async def _get(self, path: str) -> dict[str, Any]:
+        async with httpx.AsyncClient(
+            base_url=self.base_url, headers=headers(self.api_key), timeout=30
+        ) as client:
+            return await acall(client, ServiceRequest("GET", path))
+
+
+def _job_config(config: Any, ctx: Any) -> Any:
+    """Under the job API (a context is given) a run is written to the job's models directory,
+    never to a path the request names."""
+    return config.model_copy(update={"out": None}) if ctx is not None else config
+
+
+def _job_summary(summary: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Under the job API, the runner's summary shape: why the run ended, where the weights are,
+    its numbers as metrics; a run that ended on an error fails the job with that error."""
+    if ctx is None:
+        return summary
+    if summary.get("error"):
+        raise RuntimeError(summary["error"])
+    numbers = {k: v for k, v in summary.items() if isinstance(v, int | float) and not isinstance(v, bool)}
+    return {"reason": ctx.stop_reason() or "completed", "model_path": summary["final"], "metrics": numbers}
+
+
+def train_sft_job(config: SFTConfig, ctx: Any = None) -> dict[str, Any]:
+    """The ``sft`` job (``POST /train`` and ``grpo-service train --type sft``)."""
+    from training.llm.sft import train_sft
+
+    return _job_summary(train_sft(_job_config(config, ctx), ctx), ctx)
+
+
+def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
+    """The ``rl`` job: GRPO against the task app named in the config (key: config, else env)."""
+    from training.llm.rl import train_rl
+
+    config = _job_config(config, ctx)
+    # Under the job API the task app's URL is the caller's: it never receives the server's key.
+    key = config.task_app_api_key or (os.environ.get("ENVIRONMENT_API_KEY") if ctx is None else None)
+    client = TaskAppClient(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
+    return _job_summary(train_rl(config, ctx, task_app=client), ctx)
+
+
+# The LLM jobs of `POST /train` (``type: "sft"`` / ``"rl"``) beside seed 004's ``gymnasium``.
+register_job_type(
+    JobType(
+        "sft",
+        SFTConfig,
+        "grpo_service.training_api.llm_jobs:train_sft_job",
+        "Supervised fine-tuning of a causal LM on chat JSONL, loss on assistant tokens (seed 001).",
+    )
+)
+register_job_type(
+    JobType(
+        "rl",
+        RLConfig,
+        "grpo_service.training_api.llm_jobs:train_rl_job",
+        "GRPO of a causal LM on rollout groups from a task app, served by serve-model (seed 001).",
+    )
+)
