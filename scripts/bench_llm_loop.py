@@ -39,7 +39,7 @@ from grpo_service import Settings, create_app
 from grpo_service.client.eval import EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from grpo_service.training_api.llm_jobs import TaskAppClient
+from grpo_service.training_api.llm_jobs import TaskAppGroups
 from tools.bench.samplers import sampler_server
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
@@ -431,7 +431,7 @@ def main() -> None:
                     save_every=20,
                     seed=args.seed,
                 ),
-                task_app=TaskAppClient(app.base_url),
+                task_app=TaskAppGroups(app.base_url),
             )
             keys = (
                 "steps",

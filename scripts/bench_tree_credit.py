@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_llm_loop import GAMES, evaluate, policy_config  # noqa: E402
 
 from grpo_service import Settings, create_app  # noqa: E402
-from grpo_service.training_api.llm_jobs import TaskAppClient  # noqa: E402
+from grpo_service.training_api.llm_jobs import TaskAppGroups  # noqa: E402
 from tools.server_thread import ServerThread  # noqa: E402
 from training.llm.config import RLConfig  # noqa: E402
 from training.llm.rl import train_rl  # noqa: E402
@@ -105,7 +105,7 @@ def run(args: argparse.Namespace) -> None:
                     continue
                 config = rl_config(args, args.mode, seed, sft, run_dir, (app.base_url, model_server.base_url))
                 started = time.monotonic()
-                rl = train_rl(config, task_app=TaskAppClient(app.base_url))
+                rl = train_rl(config, task_app=TaskAppGroups(app.base_url))
                 wall_s = time.monotonic() - started
                 held_out = evaluate(app, game, eval_tasks, args)
                 result = {

@@ -41,7 +41,7 @@ from grpo_service.client.trl_env import (
     write_demonstrations,
 )
 from grpo_service.tracing.export import ExportFilters, export_sft
-from grpo_service.training_api.llm_jobs import TaskAppClient
+from grpo_service.training_api.llm_jobs import TaskAppGroups
 from scripts.bench_llm_loop import GAMES, bench_model_spec, bootstrap_interval, collect_teacher
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig, SFTConfig
@@ -422,7 +422,7 @@ def main() -> None:
                         save_every=1000,
                         seed=seed,
                     ),
-                    task_app=TaskAppClient(app.base_url),
+                    task_app=TaskAppGroups(app.base_url),
                 )
                 wall = time.monotonic() - t0
                 run["project"] = {

@@ -23,7 +23,7 @@ from grpo_service import create_app
 from grpo_service.client.eval import EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from grpo_service.training_api.llm_jobs import TaskAppClient
+from grpo_service.training_api.llm_jobs import TaskAppGroups
 from tests.conftest import make_settings
 from tests.llm_helpers import TINY
 from tests.llm_toy import toy_plugins
@@ -153,7 +153,7 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
             )
             engine.reload_weights(sft["final"])
             before = evaluate(app, list(range(100, 106)))
-            rl = train_rl(config, task_app=TaskAppClient(app.base_url))
+            rl = train_rl(config, task_app=TaskAppGroups(app.base_url))
             after = evaluate(app, list(range(100, 106)))
 
             # The weights changed, and every push advanced the server's version.
@@ -175,7 +175,7 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
             # End to end, once more by hand: the tokens trained on are the server's (as traced),
             # the advantages are the group-relative rewards, and the logprobs are the trainer's.
             groups, errors = asyncio.run(
-                collect(TaskAppClient(app.base_url), config, 7, "tiny", int(engine.weights_version))
+                collect(TaskAppGroups(app.base_url), config, 7, "tiny", int(engine.weights_version))
             )
             assert errors == []
             batch = build_batch(groups, config, int(engine.weights_version))

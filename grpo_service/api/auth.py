@@ -19,7 +19,7 @@ from grpo_service.models import ErrorBody
 log = logging.getLogger(__name__)
 
 
-def _presented_key(request: HTTPConnection) -> str | None:
+def presented_key(request: HTTPConnection) -> str | None:
     key = request.headers.get("x-api-key")
     if key:
         return key
@@ -41,7 +41,7 @@ async def require_api_key(request: Request) -> None:
 
 def check_key(request: HTTPConnection, expected: SecretStr) -> None:
     """Raise `Unauthorized` unless ``request``'s (or a WebSocket's) headers carry the ``expected`` key."""
-    presented = _presented_key(request)
+    presented = presented_key(request)
     # Never echo any part of either key back.
     if presented is None:
         raise Unauthorized("missing API key: send X-API-Key or Authorization: Bearer", code="missing_api_key")

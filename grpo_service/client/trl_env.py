@@ -350,7 +350,10 @@ def solver_reply(env: TaskAppEnv, row: dict[str, Any] | None = None, *, tool: st
 
 
 @dataclass
-class Episode:
+class PlayedConversation:
+    """One episode as TRL's GRPOTrainer sees it: the conversation, the tools it offered, the
+    reward, and how it ended."""
+
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]]
     reward: float
@@ -360,7 +363,7 @@ class Episode:
 
 def play_episode(
     env: TaskAppEnv, prompt: list[dict[str, Any]], row: dict[str, Any], reply: Reply, max_turns: int
-) -> Episode:
+) -> PlayedConversation:
     """One episode in the conversation TRL's GRPOTrainer builds: ``prompt`` with the reset's text
     appended to its last message, then each assistant turn's tool calls answered by ``tool``
     messages, until a turn calls no tool or after ``max_turns`` turns. ``reply(messages, tools)``
@@ -386,7 +389,7 @@ def play_episode(
             except Exception as exc:  # TRL answers a failed call with its error, and goes on
                 result = {"error": str(exc)}
             messages.append({"role": "tool", "name": function["name"], "content": str(result)})
-    return Episode(messages, tools, env.get_reward(), env.done, env.steps)
+    return PlayedConversation(messages, tools, env.get_reward(), env.done, env.steps)
 
 
 def write_demonstrations(
@@ -396,7 +399,7 @@ def write_demonstrations(
     path: Path,
     teacher: Callable[[TaskAppEnv, dict[str, Any]], Reply],
     max_turns: int,
-) -> list[Episode]:
+) -> list[PlayedConversation]:
     """A teacher's episodes in TRL's conversation shape as chat JSONL (``train --type sft``
     input: warm-start a model so that it calls the env's tools before TRL trains it)."""
     env = env_class()

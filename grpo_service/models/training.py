@@ -6,7 +6,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, Tag
 
-from grpo_service.models import request_config
+from grpo_service.models.common import request_config
 from training.gym.config import MODEL_NAME_PATTERN
 from training.jobs import JOB_TYPES
 

@@ -25,7 +25,7 @@ from grpo_service.core.policy_manager import PolicyManager
 from grpo_service.core.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.errors import Conflict, NotFound, ServiceError
 from grpo_service.models import RolloutRequest
-from grpo_service.rollout.records import Episode, final_record, records_tokens, step_record
+from grpo_service.rollout.records import EpisodeInPlay, final_record, records_tokens, step_record
 from grpo_service.tracing.traces import DecisionTrace
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class EpisodeLoop:
         # env and policy there.
         self.before_decision = before_decision
         self.decisions: list[DecisionTrace] = []
-        self.episodes: list[Episode] = []
+        self.episodes: list[EpisodeInPlay] = []
         self.ops_executed = 0
         self.stop_reason = "completed"
         self.error: str | None = None
@@ -88,7 +88,7 @@ class EpisodeLoop:
             await self.envs.discard(self.env)
 
     @property
-    def episode(self) -> Episode:
+    def episode(self) -> EpisodeInPlay:
         return self.episodes[-1]
 
     async def play(self) -> None:
@@ -133,7 +133,7 @@ class EpisodeLoop:
                     f"env {self.env.id} has finished its episode; reset it first", code="episode_over"
                 )
             await self._reset()
-        self.episodes.append(Episode(index=0, seed=self.envs.seed(self.env)))
+        self.episodes.append(EpisodeInPlay(index=0, seed=self.envs.seed(self.env)))
 
     async def _resolve_policy(self) -> tuple[PolicyHandle, bool]:
         """The policy to play and whether this rollout owns it (and must release it)."""
@@ -219,7 +219,7 @@ class EpisodeLoop:
         if result.done:
             self._end_episode(result)
             await self._reset()
-            self.episodes.append(Episode(index=len(self.episodes), seed=self.envs.seed(self.env)))
+            self.episodes.append(EpisodeInPlay(index=len(self.episodes), seed=self.envs.seed(self.env)))
 
     def _end_episode(self, result: StepResult) -> None:
         episode = self.episode

@@ -21,7 +21,7 @@ from inference import LLMCall
 
 
 @dataclass
-class Episode:
+class EpisodeInPlay:
     """One episode of a rollout, as it is played (a rollout with ``on_done="reset"`` has several)."""
 
     index: int
@@ -95,7 +95,7 @@ def final_record(result: StepResult, record: RolloutRecordConfig) -> dict[str, A
     return {"observation": observation, "step_idx": result.step_idx, "done": result.done}
 
 
-def trajectory(ep: Episode, env: EnvHandle, policy: PolicyHandle | None) -> Trajectory:
+def trajectory(ep: EpisodeInPlay, env: EnvHandle, policy: PolicyHandle | None) -> Trajectory:
     return Trajectory(
         env_id=env.id,
         policy_id=policy.id if policy else "",
@@ -120,7 +120,11 @@ def _untrainable(call: LLMCall) -> bool:
 
 
 def metrics(
-    episodes: list[Episode], decisions: list[DecisionTrace], run: RunHandle, wall_s: float, with_tokens: bool
+    episodes: list[EpisodeInPlay],
+    decisions: list[DecisionTrace],
+    run: RunHandle,
+    wall_s: float,
+    with_tokens: bool,
 ) -> RolloutMetrics:
     returns = [round(ep.total_reward, 6) for ep in episodes]
     achievements = sorted({a for ep in episodes for a in ep.achievements})

@@ -1,24 +1,21 @@
-"""Wires the LLM trainers of `training.llm` to the task app: `TaskAppClient` is the service's
-HTTP client in the shape the GRPO loop asks for (`training.llm.rl.TaskApp`). The ``rl`` job
+"""Wires the LLM trainers of `training.llm` to the task app: `TaskAppGroups` is the typed
+client in the shape the GRPO loop asks for (`training.llm.rl.TaskApp`). The ``rl`` job
 (``grpo-service train --type rl`` and ``POST /train``) runs through `train_rl_job`."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 from typing import Any
 
-import httpx
-
-from grpo_service.client.task_app import ServiceRequest, acall, headers, timeout
+from grpo_service.client import AsyncTaskAppClient, TaskAppClient
 from training.jobs import JobType, register_job_type
 from training.llm.config import RLConfig, SFTConfig
 
 
-class TaskAppClient:
-    """``POST /rollout/group`` with the API key, a deadline and retries on 429/503.
-
-    One `httpx.AsyncClient` per event loop (the trainer runs one loop per step)."""
+class TaskAppGroups:
+    """The task app in the shape the GRPO loop asks for (`training.llm.rl.TaskApp`): ``POST
+    /rollout/group`` and ``GET /info`` through the typed client, with the API key, a deadline and
+    retries on 429/503. One client per call: the trainer runs one event loop per step."""
 
     def __init__(self, base_url: str, api_key: str | None = None, read_timeout_s: float = 900.0) -> None:
         self.base_url = base_url.rstrip("/")
@@ -26,19 +23,14 @@ class TaskAppClient:
         self.read_timeout_s = read_timeout_s
 
     async def rollout_group(self, body: dict[str, Any]) -> dict[str, Any]:
-        async with httpx.AsyncClient(
-            base_url=self.base_url, headers=headers(self.api_key), timeout=timeout(self.read_timeout_s)
+        async with AsyncTaskAppClient(
+            self.base_url, self.api_key, timeout_s=self.read_timeout_s, attempts=4
         ) as client:
-            return await acall(client, ServiceRequest("POST", "/rollout/group", body, attempts=4))
+            return (await client.rollout_group(body)).model_dump(mode="json")
 
     def info(self) -> dict[str, Any]:
-        return asyncio.run(self._get("/info"))
-
-    async def _get(self, path: str) -> dict[str, Any]:
-        async with httpx.AsyncClient(
-            base_url=self.base_url, headers=headers(self.api_key), timeout=30
-        ) as client:
-            return await acall(client, ServiceRequest("GET", path))
+        with TaskAppClient(self.base_url, self.api_key, timeout_s=30) as client:
+            return client.info().model_dump(mode="json")
 
 
 def _job_config(config: Any, ctx: Any) -> Any:
@@ -72,8 +64,8 @@ def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
     config = _job_config(config, ctx)
     # Under the job API the task app's URL is the caller's: it never receives the server's key.
     key = config.task_app_api_key or (os.environ.get("ENVIRONMENT_API_KEY") if ctx is None else None)
-    client = TaskAppClient(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
-    return _job_summary(train_rl(config, ctx, task_app=client), ctx)
+    task_app = TaskAppGroups(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
+    return _job_summary(train_rl(config, ctx, task_app=task_app), ctx)
 
 
 # The LLM jobs of `POST /train` (``type: "sft"`` / ``"rl"``) beside seed 004's ``gymnasium``.

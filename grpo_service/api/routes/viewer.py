@@ -23,7 +23,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 
-from grpo_service.api.auth import _presented_key
+from grpo_service.api.auth import presented_key
 from grpo_service.errors import NotFound, ServiceError, Unauthorized, install_error_handlers
 from grpo_service.reporting.viewer import queries as runs
 from grpo_service.reporting.viewer.replay import Replay, ReplayCache
@@ -50,7 +50,7 @@ class ViewerSource:
     def allows(self, request: Request) -> bool:
         if self.api_key is None:
             return True
-        presented = _presented_key(request)
+        presented = presented_key(request)
         if presented is not None:
             return hmac.compare_digest(presented.encode(), self.api_key.encode())
         cookie, token = request.cookies.get(COOKIE), self.session_token()

@@ -82,7 +82,7 @@ class AgentGymError(Exception):
 
 
 @dataclass
-class Session:
+class AgentGymId:
     """One AgentGym id: the service env behind it (none before the first reset) and AgentGym's
     ``info`` record (what ``/detail`` shows)."""
 
@@ -96,15 +96,15 @@ class Game:
     def __init__(self, name: str, services: Services) -> None:
         self.name = name
         self.services = services
-        self.sessions: dict[int, Session] = {}
+        self.sessions: dict[int, AgentGymId] = {}
         self._ids = itertools.count()
 
-    def new(self) -> tuple[int, Session]:
+    def new(self) -> tuple[int, AgentGymId]:
         idx = next(self._ids)
-        self.sessions[idx] = session = Session()
+        self.sessions[idx] = session = AgentGymId()
         return idx, session
 
-    def session(self, idx: int, *, allow_done: bool = False) -> Session:
+    def session(self, idx: int, *, allow_done: bool = False) -> AgentGymId:
         """AgentGym's ``_check_id``: the id exists, is not closed, and (unless allowed) not finished."""
         session = self.sessions.get(idx)
         if session is None:
@@ -115,13 +115,13 @@ class Game:
             raise AgentGymError(f"The task with environment {idx} has finished.")
         return session
 
-    def env_id(self, idx: int, session: Session) -> str:
+    def env_id(self, idx: int, session: AgentGymId) -> str:
         if session.env_id is None:
             raise AgentGymError(f"Environment {idx} has no task yet: call /reset with a data_idx first.")
         return session.env_id
 
     async def start(
-        self, session: Session, data_idx: int, config: dict[str, Any] | None = None
+        self, session: AgentGymId, data_idx: int, config: dict[str, Any] | None = None
     ) -> StepResult:
         """Play task ``data_idx`` in a new env (the previous one is released)."""
         await self.release(session)
@@ -130,7 +130,7 @@ class Game:
         assert handle.last is not None
         return handle.last
 
-    async def step(self, idx: int, session: Session, action: str) -> StepResult:
+    async def step(self, idx: int, session: AgentGymId, action: str) -> StepResult:
         return await self.services.envs.step(self.env_id(idx, session), actions=[action])
 
     async def begin(
@@ -150,7 +150,7 @@ class Game:
         reply: Callable[[StepResult], dict[str, Any]],
         *,
         allow_done: bool = False,
-    ) -> tuple[Session, dict[str, Any]]:
+    ) -> tuple[AgentGymId, dict[str, Any]]:
         """One action in session ``idx``: the session and the game's reply to it (which also
         becomes the session's ``/detail``)."""
         session = self.session(idx, allow_done=allow_done)
@@ -158,13 +158,13 @@ class Game:
         session.info.update(payload)
         return session, payload
 
-    async def observe(self, idx: int, session: Session) -> StepResult:
+    async def observe(self, idx: int, session: AgentGymId) -> StepResult:
         return await self.services.envs.query(self.env_id(idx, session), lambda env: env.observe())
 
-    async def query(self, idx: int, session: Session, fn: Callable[[Any], Any]) -> Any:
+    async def query(self, idx: int, session: AgentGymId, fn: Callable[[Any], Any]) -> Any:
         return await self.services.envs.query(self.env_id(idx, session), fn)
 
-    async def release(self, session: Session) -> None:
+    async def release(self, session: AgentGymId) -> None:
         if session.env_id is not None:
             await self.services.envs.terminate(session.env_id)
             session.env_id = None

@@ -23,7 +23,7 @@ from grpo_service.api.asgi import call_asgi
 from grpo_service.api.limits import strict_json
 from grpo_service.protocols.openenv import mcp
 from grpo_service.protocols.openenv.frames import ErrorCode, Frame, FrameError, validation_failed
-from grpo_service.protocols.openenv.sessions import Session, Sessions
+from grpo_service.protocols.openenv.sessions import OpenEnvSession, Sessions
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ def ending(exc: FrameError) -> Outcome:
     return Outcome(reply=exc.frame(), close=code, reason=exc.code.lower())
 
 
-async def answer_frame(sessions: Sessions, session: Session, raw: str) -> Outcome:
+async def answer_frame(sessions: Sessions, session: OpenEnvSession, raw: str) -> Outcome:
     """One frame of ``session``; every failure is an error frame, a fault included."""
     try:
         frame = _parse(raw, sessions.services.settings.max_request_bytes)
@@ -87,7 +87,7 @@ def _parse(raw: str, max_bytes: int) -> Frame:
         raise validation_failed(exc, f"{kind} frame") from None
 
 
-async def _dispatch(sessions: Sessions, session: Session, frame: Frame) -> dict[str, Any]:
+async def _dispatch(sessions: Sessions, session: OpenEnvSession, frame: Frame) -> dict[str, Any]:
     match frame.type:
         case "reset":
             return {"type": "observation", "data": await sessions.reset(session, frame.data)}
@@ -130,7 +130,7 @@ class LinkRequest(BaseModel):
 class LocalLink:
     """A socket's session in this process."""
 
-    def __init__(self, sessions: Sessions, session: Session | None = None) -> None:
+    def __init__(self, sessions: Sessions, session: OpenEnvSession | None = None) -> None:
         self.sessions = sessions
         self.session = session
 

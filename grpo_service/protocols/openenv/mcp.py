@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from grpo_service.models import Seed
 from grpo_service.protocols.openenv.frames import ErrorCode, FrameError
-from grpo_service.protocols.openenv.sessions import Session, Sessions
+from grpo_service.protocols.openenv.sessions import OpenEnvSession, Sessions
 from grpo_service.version import __version__
 
 PROTOCOL_VERSION = "2025-06-18"
@@ -62,7 +62,7 @@ def error_response(code: RpcCode, message: str, request_id: Any = None, data: An
     return {"jsonrpc": "2.0", "id": request_id, "error": error}
 
 
-async def handle(body: Any, sessions: Sessions, bound: Session | None = None) -> dict[str, Any]:
+async def handle(body: Any, sessions: Sessions, bound: OpenEnvSession | None = None) -> dict[str, Any]:
     """Answer one JSON-RPC request. ``bound``: the session of the WebSocket it came over."""
     try:
         request = RpcRequest.model_validate(body)
@@ -80,7 +80,7 @@ async def handle(body: Any, sessions: Sessions, bound: Session | None = None) ->
     return {"jsonrpc": "2.0", "id": request.id, "result": result}
 
 
-async def _dispatch(request: RpcRequest, sessions: Sessions, bound: Session | None) -> Any:
+async def _dispatch(request: RpcRequest, sessions: Sessions, bound: OpenEnvSession | None) -> Any:
     method, params = request.method, request.params
     if method == "initialize":
         return {
@@ -112,7 +112,7 @@ async def _dispatch(request: RpcRequest, sessions: Sessions, bound: Session | No
     raise RpcError(RpcCode.METHOD_NOT_FOUND, f"Method not found: {method:.128}")
 
 
-def _session(sessions: Sessions, session_id: str | None) -> Session:
+def _session(sessions: Sessions, session_id: str | None) -> OpenEnvSession:
     if session_id is None:
         raise RpcError(
             RpcCode.INVALID_PARAMS,

@@ -42,7 +42,7 @@ CLIENT = "openenv"  # the policy name of traced episodes
 
 
 @dataclass(eq=False)
-class Session:
+class OpenEnvSession:
     id: str
     env_id: str
     recorder: EpisodeRecorder
@@ -59,14 +59,14 @@ class Sessions:
     def __init__(self, env_name: str, services: Services) -> None:
         self.env_name = env_name
         self.services = services
-        self._sessions: dict[str, Session] = {}
+        self._sessions: dict[str, OpenEnvSession] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     # ------------------------------------------------------------------------------- lifecycle
 
-    async def open(self, *, seed: int | None = None, socket_owned: bool = False) -> Session:
+    async def open(self, *, seed: int | None = None, socket_owned: bool = False) -> OpenEnvSession:
         """A new session over a new env (``CAPACITY_REACHED`` when the service is full)."""
         self._forget_expired()
         try:
@@ -80,7 +80,7 @@ class Sessions:
             message = f"{type(exc).__name__}: {exc}"
             raise FrameError(ErrorCode.FACTORY_ERROR, message, factory_name=self.env_name) from None
         episode_id = uuid.uuid4().hex
-        session = Session(
+        session = OpenEnvSession(
             id=new_instance_id(),
             env_id=handle.id,
             recorder=self._recorder(handle, RL_RUN_ID, episode_id),
@@ -100,7 +100,7 @@ class Sessions:
             max_sessions=envs.capacity,
         )
 
-    def get(self, session_id: str) -> Session:
+    def get(self, session_id: str) -> OpenEnvSession:
         session = self._sessions.get(session_id)
         if session is None or session.closed:
             message = f"unknown session_id {session_id!r:.80}: closed, expired, or never opened"
@@ -113,7 +113,7 @@ class Sessions:
             raise FrameError(ErrorCode.SESSION_ERROR, message, fatal=True)
         return session
 
-    def attach(self, session_id: str) -> Session:
+    def attach(self, session_id: str) -> OpenEnvSession:
         """A WebSocket takes over session ``session_id`` (one socket at a time)."""
         session = self.get(session_id)
         if session.socket_attached:
@@ -123,14 +123,14 @@ class Sessions:
         session.socket_attached = True
         return session
 
-    async def release(self, session: Session, reason: str) -> None:
+    async def release(self, session: OpenEnvSession, reason: str) -> None:
         """Its WebSocket is gone: a session the socket opened ends, an attached one stays open."""
         if session.socket_owned:
             await self.close(session, reason)
         else:
             session.socket_attached = False
 
-    async def close(self, session: Session, reason: str = "closed") -> bool:
+    async def close(self, session: OpenEnvSession, reason: str = "closed") -> bool:
         """Trace the episode under way, terminate the env, forget the session. Idempotent."""
         if session.closed:
             return False
@@ -154,7 +154,7 @@ class Sessions:
 
     # ------------------------------------------------------------------------------- episodes
 
-    async def reset(self, session: Session, data: dict[str, Any] | None) -> dict[str, Any]:
+    async def reset(self, session: OpenEnvSession, data: dict[str, Any] | None) -> dict[str, Any]:
         try:
             options = ResetOptions.model_validate(data or {})
         except ValidationError as exc:
@@ -174,7 +174,7 @@ class Sessions:
         session.recorder = self._recorder(handle, rl_run_id, session.episode_id)
         return self.observation(session, result, None)
 
-    async def step(self, session: Session, data: dict[str, Any] | None) -> dict[str, Any]:
+    async def step(self, session: OpenEnvSession, data: dict[str, Any] | None) -> dict[str, Any]:
         data = dict(data or {})
         if isinstance(data.get("metadata"), dict):
             del data["metadata"]  # the field every OpenEnv `Action` has (a typed client's model_dump)
@@ -184,12 +184,14 @@ class Sessions:
             raise validation_failed(exc, "step data") from None
         return await self._step(session, action.step_args())
 
-    async def call_tool(self, session: Session, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    async def call_tool(
+        self, session: OpenEnvSession, name: str, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
         """One tool call (one of `tools`): the step's observation data as an MCP tool result."""
         data = await self._step(session, {"tool_calls": [{"tool": name, "args": arguments}]})
         return tool_result(data)
 
-    def state(self, session: Session) -> dict[str, Any]:
+    def state(self, session: OpenEnvSession) -> dict[str, Any]:
         handle = self._handle(session)
         last = handle.last
         return State(
@@ -214,7 +216,9 @@ class Sessions:
             for tool in environment_class(self.env_name).tools()
         ]
 
-    def observation(self, session: Session, result: StepResult, reward: float | None) -> dict[str, Any]:
+    def observation(
+        self, session: OpenEnvSession, result: StepResult, reward: float | None
+    ) -> dict[str, Any]:
         """An ``observation`` frame's data (OpenEnv's `serialize_observation` shape)."""
         metadata = {
             "env_id": session.env_id,
@@ -232,7 +236,7 @@ class Sessions:
 
     # ------------------------------------------------------------------------------- internals
 
-    async def _step(self, session: Session, args: dict[str, Any]) -> dict[str, Any]:
+    async def _step(self, session: OpenEnvSession, args: dict[str, Any]) -> dict[str, Any]:
         handle = self._handle(session)
         before = handle.last.observation if handle.last is not None else {}
         started = time.perf_counter()
@@ -256,7 +260,7 @@ class Sessions:
 
     async def _rebuild(
         self,
-        session: Session,
+        session: OpenEnvSession,
         old: EnvHandle,
         config: dict[str, Any] | None,
         seed: int | None,
@@ -282,19 +286,19 @@ class Sessions:
         session.env_id = handle.id
         return handle
 
-    def check_alive(self, session: Session) -> None:
+    def check_alive(self, session: OpenEnvSession) -> None:
         """`SESSION_ERROR` (fatal) if the session's env is gone; unlike a lookup, this does not
         count as a use of the env (it would never become idle)."""
         if session.env_id not in self.services.registry.envs:
             raise self._gone(session)
 
-    def _handle(self, session: Session) -> EnvHandle:
+    def _handle(self, session: OpenEnvSession) -> EnvHandle:
         try:
             return self.services.envs.get(session.env_id)
         except (NotFound, WrongInstance):
             raise self._gone(session) from None
 
-    def _gone(self, session: Session) -> FrameError:
+    def _gone(self, session: OpenEnvSession) -> FrameError:
         return FrameError(
             ErrorCode.SESSION_ERROR,
             f"env {session.env_id} of this session is gone: terminated, or idle for longer than "
@@ -327,7 +331,7 @@ class Sessions:
             client_config={"episode_id": episode_id},
         )
 
-    def _submit(self, session: Session, stop_reason: str) -> None:
+    def _submit(self, session: OpenEnvSession, stop_reason: str) -> None:
         """Trace the episode's steps so far (once: the recorder starts over)."""
         recorder = session.recorder
         tracer = self.services.tracer
