@@ -1,0 +1,1 @@
+"""What people look at: the trace viewer (`viewer/`) and evaluation reports (`eval_report`)."""
