@@ -12,7 +12,7 @@ import typer
 if TYPE_CHECKING:
     from grpo_service.config import Settings
 
-RELOAD_APP = "grpo_service.cli.asgi:app"
+RELOAD_APP = "grpo_service.cli.reload_app:app"
 
 
 def trace_db_path(trace_dir: Path | None, trace_db: Path | None, now: float | None = None) -> Path | None:
