@@ -26,7 +26,9 @@ from grpo_service.cli.view import view_command
 
 app = typer.Typer(
     name="grpo-service",
-    help="Crafter task app for GRPO: serve it with tracing, collect rollouts, export SFT data, evaluate.",
+    help="Task app for GRPO training of LLM agents on Crafter, TextCraft, BabyAI and SciWorld, also over "
+    "the OpenEnv and AgentGym protocols: serve it with tracing, collect rollouts, export SFT data, train, "
+    "evaluate.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

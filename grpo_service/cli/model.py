@@ -120,7 +120,11 @@ def serve_vllm_command(
         typer.Option(help="Expose vLLM's RL routes (/pause, /collective_rpc, ...) for `train --type rl`."),
     ] = True,
     python: Annotated[
-        Path | None, typer.Option(help="The vLLM environment's python (default: .venv-vllm).")
+        Path | None,
+        typer.Option(
+            help="The vLLM install's python (default: GRPO_VLLM_PYTHON, else GRPO_VLLM_VENV/bin/python, "
+            "else .venv-vllm/bin/python)."
+        ),
     ] = None,
     startup_timeout_s: Annotated[float, typer.Option(min=1, help="Wait this long for /health.")] = 900.0,
 ) -> None:

@@ -1,7 +1,7 @@
-"""``grpo-service train --type sft|rl --config F.toml``: seed 001's two training steps on a model
+"""``grpo-service train --type sft|rl --config F.toml``: the two LLM training steps on a model
 made here or any local checkpoint (``sft``: on ``export-sft`` JSONL; ``rl``: GRPO against the task
-app, sampling from ``serve-model``). ``--type gymnasium``: seed 004's GRPO of an MLP policy on a
-gymnasium env (grpo_service/cli/train_gym.py)."""
+app, sampling from ``serve-model``). ``--type gymnasium``: GRPO of an MLP policy on a gymnasium env,
+the trainer of the training job API (grpo_service/cli/train_gym.py)."""
 
 from __future__ import annotations
 
@@ -59,7 +59,9 @@ def train_command(
     target_return: Annotated[
         float | None, typer.Option(help="gymnasium: stop once the 20-episode mean reaches it.")
     ] = None,
-    model_name: Annotated[str | None, typer.Option(help="gymnasium: save as MODELS_DIR/<name>.zip.")] = None,
+    model_name: Annotated[
+        str | None, typer.Option(help="gymnasium: save as <models-dir>/<name>.zip.")
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="gymnasium: replace a model of that name.")] = False,
     sets: Annotated[
         list[str] | None, typer.Option("--set", help="gymnasium: any config field, key=value (repeatable).")
@@ -68,7 +70,7 @@ def train_command(
     threads: Annotated[int, typer.Option(min=1, help="gymnasium: torch threads.")] = 1,
 ) -> None:
     """Train an LLM (SFT on exported traces, or GRPO against the task app through the model server),
-    or a gymnasium policy with GRPO (the trainer ``POST /train`` runs, with a progress bar)."""
+    or a gymnasium policy with GRPO (the trainer behind POST /train, with a progress bar)."""
     if type_ is TrainType.gymnasium:
         from grpo_service.cli.train_gym import gym_train
 
