@@ -36,9 +36,10 @@ from storage import LocalSnapshotStore, SnapshotCodec, SnapshotStore
 log = logging.getLogger(__name__)
 
 DESCRIPTION = """
-A task app for GRPO training of LLM agents: stateful environments (Crafter) and policy
-clients in in-memory registries, coordinated rollouts against an OpenAI-compatible endpoint,
-GRPO groups, signed snapshots, branching, and tracing.
+A task app for GRPO training of LLM agents: stateful environments (Crafter, TextCraft, BabyAI,
+SciWorld) and policy clients in in-memory registries, coordinated rollouts against an
+OpenAI-compatible endpoint, GRPO groups, signed snapshots, branching, and tracing. The same
+environments are served over OpenEnv's protocol (/openenv/<env>) and AgentGym's (/agentgym/<env>).
 """
 
 

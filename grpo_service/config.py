@@ -12,7 +12,8 @@ from inference.openai_client import normalize_base_url
 
 
 class Settings(BaseSettings):
-    """Every knob of the task app. Field names map to upper-case environment variables."""
+    """Every knob of the task app. Field names map to upper-case environment variables; all of
+    them, and the variables read elsewhere, are listed in docs/configuration.md."""
 
     model_config = SettingsConfigDict(
         env_file=".env", env_file_encoding="utf-8", extra="ignore", hide_input_in_errors=True
@@ -109,7 +110,7 @@ class Settings(BaseSettings):
 
     training_enabled: bool = Field(
         default=True,
-        description="Serve the training job API (seed 004): /train, /training/*, /inference, /models.",
+        description="Serve the training job API: /train, /training/*, /inference, /models.",
     )
     training_max_jobs: int = Field(default=2, ge=1, description="Training jobs running at once; 429 beyond.")
     training_max_wall_time_s: float = Field(
