@@ -1,4 +1,4 @@
-"""Seed 001's loop as a benchmark: does a model made here learn to play a text game?
+"""SFT then GRPO as a benchmark: does a model made here learn to play a text game?
 
     python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
         [--sampler serve-model|vllm] [--seed 0] [--sft-from RUN]

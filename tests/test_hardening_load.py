@@ -97,7 +97,7 @@ def test_full_tables_answer_429_and_stay_small(start_server: Callable[..., Serve
 def test_run_slots_and_group_size_are_capped(start_server: Callable[..., ServerThread], serving: str) -> None:
     if serving == "ray":
         pytest.skip(
-            "through Ray the limit is split over the hosts (3 = 2 + 1): decisions.md, 'Serving through Ray'"
+            "through Ray the limit is split over the hosts (3 = 2 + 1): docs/serving.md"
         )
     with FakeInferenceServer(FakeConfig(model=MODEL, latency_s=1.0)) as slow:
         server = start_server(vllm_base_url=slow.base_url, max_active_runs=3, max_group_size=4)
@@ -125,7 +125,7 @@ def test_a_group_larger_than_the_free_env_slots_creates_nothing(
 ) -> None:
     if serving == "ray":
         pytest.skip(
-            "through Ray the limit is split over the hosts (5 = 3 + 2): decisions.md, 'Serving through Ray'"
+            "through Ray the limit is split over the hosts (5 = 3 + 2): docs/serving.md"
         )
     server = start_server(max_envs=5)
     body = {"env": {"env_name": "crafter", "seed": 2}, "policy": {"policy_name": "crafter-random"}}

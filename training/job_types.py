@@ -15,7 +15,7 @@ register_job_type(
         "gymnasium",
         GymTrainConfig,
         "training.gym.trainer:train_gym",
-        "Episode-level GRPO of an MLP policy on a gymnasium environment (seed 004).",
+        "Episode-level GRPO of an MLP policy on a gymnasium environment.",
         prepare=write_initial_model,
     )
 )

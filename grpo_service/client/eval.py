@@ -131,7 +131,7 @@ def aggregate(results: list[EpisodeResult], env: type[Environment]) -> dict[str,
     freq = Counter(a for r in scored for a in set(r.achievements))
     declared = [a for a in env.achievements if freq[a]]
     outcomes = [EpisodeOutcome(r.total_return, tuple(r.achievements), r.turns, r.steps) for r in scored]
-    return {  # seed 000's keys first, in its order
+    return {  # the task-app contract's keys first, in its order
         "completed": sum(1 for r in results if r.failure is None),
         "total": len(results),
         "avg_turns": (sum(r.turns for r in scored) / n) if n else 0.0,

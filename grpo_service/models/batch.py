@@ -11,7 +11,7 @@ from grpo_service.models.policy import LLMTokens
 
 
 class BatchRolloutsRequest(Request):
-    """Seed 003's batch: one rollout per task id, each played by the env's LLM agent."""
+    """The batch API: one rollout per task id, each played by the env's LLM agent."""
 
     model_config = request_config(  # strict: `true` is not a temperature, "5" no count
         {

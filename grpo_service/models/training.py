@@ -1,4 +1,4 @@
-"""Request and response models of the training job API (seed 004's fields, plus ours)."""
+"""Request and response models of the training job API (the gymnasium job's fields, and the LLM jobs')."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _job_type_of(value: Any) -> str | None:
 
 def train_request_type() -> Any:
     """The body of ``POST /train``: one config model per registered job type, chosen by ``type``
-    (``"gymnasium"`` when absent, so seed 004's bodies work as they are)."""
+    (``"gymnasium"`` when absent, so a gymnasium job's body needs no type)."""
     models = [(name, jt.config_model) for name, jt in sorted(JOB_TYPES.items())]
     if len(models) == 1:
         return models[0][1]

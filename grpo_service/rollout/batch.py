@@ -1,8 +1,8 @@
-"""Seed 003's batch of rollouts: one LLM rollout per task id, run concurrently under a bound.
+"""The batch API (``POST /rollouts``): one LLM rollout per task id, run concurrently under a bound.
 
 Each id is an ordinary rollout of the coordinator (so it is traced like any other) with the
 environment's LLM agent, created from the request's ``model`` and ``base_url``; its result is
-reshaped the way seed 003's trainer reads it: the score on the environment's own scale,
+reshaped the way AgentGym-style trainers read it: the score on the environment's own scale,
 success, the rounds used, the conversation as chat messages, and the token ids and logprobs of
 each model call. A reply the environment cannot use is answered and the episode goes on (the
 agent's ``on_invalid_reply``, in ``policy_config``). One id that fails becomes an error entry;
@@ -156,7 +156,7 @@ def batch_response(
 
 
 def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
-    """One rollout as seed 003 reads it."""
+    """One rollout as a batch's caller reads it."""
     trajectory = response.trajectories[0] if response.trajectories else None
     steps = trajectory.steps if trajectory else []
     played = [s for s in steps if s.decision_error is None]

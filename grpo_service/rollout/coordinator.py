@@ -2,9 +2,10 @@
 
 Every wait has a deadline (``safety.max_time_s``; each LLM call also has its own timeout),
 an abort stops a rollout at once (the pending LLM call is cancelled, the partial trajectory is
-kept), and a failed member never sinks its group. A policy failure (no tool call, invalid
-action, inference error) ends the rollout with ``stop_reason = "policy_error:<kind>"`` and is
-recorded in the trajectory; it is data for the trainer, not an HTTP error.
+kept), and a failed member never sinks its group. An invalid reply is answered with the env's
+feedback by default (the agent's ``on_invalid_reply``); a policy failure that ends the rollout
+(an inference error, or an invalid reply under ``on_invalid_reply: "end"``) sets ``stop_reason =
+"policy_error:<kind>"`` and is recorded in the trajectory: data for the trainer, not an HTTP error.
 
 The pieces, each called from above only: `RunBook` (run_book.py) keeps the runs,
 `RolloutPlayer` (player.py) plays one registered rollout or group member, `ForkingGroup`

@@ -68,13 +68,13 @@ def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
     return _job_summary(train_rl(config, ctx, task_app=task_app), ctx)
 
 
-# The LLM jobs of `POST /train` (``type: "sft"`` / ``"rl"``) beside seed 004's ``gymnasium``.
+# The LLM jobs of `POST /train` (``type: "sft"`` / ``"rl"``) beside the ``gymnasium`` job.
 register_job_type(
     JobType(
         "sft",
         SFTConfig,
         "grpo_service.training_api.llm_jobs:train_sft_job",
-        "Supervised fine-tuning of a causal LM on chat JSONL, loss on assistant tokens (seed 001).",
+        "Supervised fine-tuning of a causal LM on chat JSONL, loss on assistant tokens.",
     )
 )
 register_job_type(
@@ -82,6 +82,6 @@ register_job_type(
         "rl",
         RLConfig,
         "grpo_service.training_api.llm_jobs:train_rl_job",
-        "GRPO of a causal LM on rollout groups from a task app, served by serve-model (seed 001).",
+        "GRPO of a causal LM on rollout groups from a task app, served by serve-model or vLLM.",
     )
 )

@@ -1,6 +1,7 @@
-"""A gymnasium GRPO job's configuration: seed 004's fields, what they mean here, and our additions.
+"""A gymnasium GRPO job's configuration: the job API's fields, what they mean here, and our additions.
 
-Seed 004 names PPO's knobs; episode-level GRPO maps them as follows (docs/training.md):
+The job API names PPO's knobs (as its users know them from PPO); episode-level GRPO maps them
+as follows (docs/training.md):
 
 - ``total_timesteps``: the budget of environment steps (training ends after the update that
   reaches it).

@@ -1,4 +1,4 @@
-"""``POST /rollouts``: seed 003's batch of LLM rollouts, one per task id (`grpo_service.rollout.batch`)."""
+"""``POST /rollouts``: the batch API: LLM rollouts, one per task id (`grpo_service.rollout.batch`)."""
 
 from __future__ import annotations
 

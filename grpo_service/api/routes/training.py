@@ -1,4 +1,4 @@
-"""Seed 004's training job API: ``GET /``, ``POST /train``, ``/training/*``, ``POST /inference``,
+"""The training job API: ``GET /``, ``POST /train``, ``/training/*``, ``POST /inference``,
 ``/models``. Jobs run in their own processes (`training.jobs.JobRunner`); models are zip files
 under the state directory's ``models/`` (`training.model_store.ModelStore`)."""
 
@@ -57,7 +57,7 @@ TRAINING_ENDPOINTS = {
 TrainRequest = train_request_type()
 TRAIN_EXAMPLES = {
     "gymnasium": {
-        "summary": "Seed 004: GRPO on CartPole-v1",
+        "summary": "GRPO on CartPole-v1 (the gymnasium job)",
         "value": {
             "env_name": "CartPole-v1",
             "total_timesteps": 10000,
@@ -131,7 +131,7 @@ async def root() -> RootResponse:
 async def train(
     config: Annotated[TrainRequest, Body(openapi_examples=TRAIN_EXAMPLES)], training: TrainingDep
 ) -> TrainResponse:
-    """Start a training job in its own process. Every field is optional (seed 004's defaults);
+    """Start a training job in its own process. Every field is optional (the gymnasium job's defaults);
     ``type`` picks the job type (``gymnasium``: GRPO of an MLP policy on a gymnasium env)."""
     if importlib.util.find_spec("torch") is None:
         raise TrainingUnavailable(
