@@ -96,9 +96,7 @@ def test_full_tables_answer_429_and_stay_small(start_server: Callable[..., Serve
 
 def test_run_slots_and_group_size_are_capped(start_server: Callable[..., ServerThread], serving: str) -> None:
     if serving == "ray":
-        pytest.skip(
-            "through Ray the limit is split over the hosts (3 = 2 + 1): docs/serving.md"
-        )
+        pytest.skip("through Ray the limit is split over the hosts (3 = 2 + 1): docs/serving.md")
     with FakeInferenceServer(FakeConfig(model=MODEL, latency_s=1.0)) as slow:
         server = start_server(vllm_base_url=slow.base_url, max_active_runs=3, max_group_size=4)
         body = {"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-react"}, "max_turns": 1}
@@ -124,9 +122,7 @@ def test_a_group_larger_than_the_free_env_slots_creates_nothing(
     start_server: Callable[..., ServerThread], serving: str
 ) -> None:
     if serving == "ray":
-        pytest.skip(
-            "through Ray the limit is split over the hosts (5 = 3 + 2): docs/serving.md"
-        )
+        pytest.skip("through Ray the limit is split over the hosts (5 = 3 + 2): docs/serving.md")
     server = start_server(max_envs=5)
     body = {"env": {"env_name": "crafter", "seed": 2}, "policy": {"policy_name": "crafter-random"}}
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
