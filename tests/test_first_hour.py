@@ -233,7 +233,7 @@ def shell_url_of(command: str, readme_port: str) -> str:
 
 
 def test_the_readme_task_app_shows_its_rollouts_in_the_viewer(shell: Shell) -> None:
-    """README, "See the rollouts": the traced task app serves /viewer; a collected rollout replays."""
+    """README, "The workflow", then /viewer (docs/viewer.md): the traced app serves it and replays."""
     base = shell.url("8000")
     assert httpx.get(base + "/viewer", timeout=30).status_code == 200
     played = httpx.post(
