@@ -28,7 +28,7 @@ from grpo_service.errors import NotFound, ServiceError, Unauthorized, install_er
 from grpo_service.reporting.viewer import queries as runs
 from grpo_service.reporting.viewer.replay import Replay, ReplayCache
 
-STATIC_DIR = Path(__file__).resolve().parent.parent / "viewer" / "static"
+STATIC_DIR = Path(runs.__file__).resolve().parent / "static"  # the page lives beside its queries
 STATIC_TYPES = {".html": "text/html", ".css": "text/css", ".js": "text/javascript", ".svg": "image/svg+xml"}
 COOKIE = "grpo_viewer"
 PREFIX = "/viewer"
