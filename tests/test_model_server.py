@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -242,3 +243,128 @@ def test_modal_proxy_auth_headers_reach_the_server(model_dir: Path, monkeypatch:
     monkeypatch.delenv("MODAL_PROXY_TOKEN_SECRET")
     with pytest.raises(ValueError, match="MODAL_PROXY_TOKEN_SECRET"):
         proxy_auth_headers()
+
+
+# ---- reload: a checkpoint is checked in full before any weight changes --------------------------
+
+
+def _checkpoint(src: Path, dest: Path, edit=None, tied_file: bool = True) -> Path:  # noqa: ANN001
+    """A copy of checkpoint ``src`` at ``dest`` whose ``model.safetensors`` is ``edit(tensors)``."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    if not tied_file:
+        (dest / "lm_head.safetensors").unlink()
+    if edit is not None:
+        tensors = load_file(str(dest / "model.safetensors"))
+        save_file(edit(tensors), str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+def _reload(server: ServerThread, path: Path) -> httpx.Response:
+    body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+    return httpx.post(f"{server.base_url}/collective_rpc", json=body, timeout=60)
+
+
+def _greedy(server: ServerThread) -> tuple[list[int], list[float]]:
+    choice = chat(server, temperature=0, max_tokens=8, logprobs=True, return_token_ids=True).json()
+    choice = choice["choices"][0]
+    return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+
+
+def test_a_refused_reload_is_a_400_and_leaves_the_model_exactly_as_it_was(served, tmp_path: Path) -> None:
+    """Wrong shapes, missing tensors, NaN or inf, unreadable files and non-float tensors are each
+    refused with a 400 naming the fault before any weight changes: the same state, the same greedy
+    output, and `/health` still names the weights being served."""
+    server, engine = served
+    donor = make_tiny_model(tmp_path / "donor", seed=5)  # other values: a partial copy would show
+
+    def reshaped(t: dict) -> dict:  # the last tensor in file order has the wrong shape
+        last = sorted(t)[-1]
+        return {**t, last: torch.zeros(t[last].shape[0] + 1, *t[last].shape[1:])}
+
+    def with_nan(t: dict) -> dict:
+        name = "model.layers.1.mlp.down_proj.weight"
+        bad = t[name].clone()
+        bad[0, 0] = float("nan")
+        return {**t, name: bad}
+
+    def with_inf(t: dict) -> dict:
+        name = "model.norm.weight"
+        return {**t, name: torch.full_like(t[name], float("inf"))}
+
+    def as_int(t: dict) -> dict:
+        name = "model.norm.weight"
+        return {**t, name: t[name].to(torch.int32)}
+
+    def embeddings_only(t: dict) -> dict:
+        return {"model.embed_tokens.weight": t["model.embed_tokens.weight"]}
+
+    def garble(path: Path) -> Path:
+        (path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+        return path
+
+    def truncate(path: Path) -> Path:
+        data = (path / "model.safetensors").read_bytes()
+        (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+        return path
+
+    def bad_config(path: Path) -> Path:
+        (path / "config.json").write_text("{not json")
+        return path
+
+    def no_weights(path: Path) -> Path:
+        for file in path.glob("*.safetensors"):
+            file.unlink()
+        return path
+
+    def untied(t: dict) -> dict:  # a tied model cannot take an output layer unlike its embeddings
+        return t
+
+    cases = {
+        "shape": (_checkpoint(donor, tmp_path / "shape", reshaped), "has shape"),
+        "nan": (_checkpoint(donor, tmp_path / "nan", with_nan), "down_proj.weight has non-finite"),
+        "inf": (_checkpoint(donor, tmp_path / "inf", with_inf), "model.norm.weight has non-finite"),
+        "int": (_checkpoint(donor, tmp_path / "int", as_int), "model.norm.weight is int32"),
+        "embeddings": (_checkpoint(donor, tmp_path / "emb", embeddings_only, tied_file=False), "lacks"),
+        "garbled": (garble(_checkpoint(donor, tmp_path / "garbled")), "cannot read"),
+        "truncated": (truncate(_checkpoint(donor, tmp_path / "truncated")), "cannot read"),
+        "config": (bad_config(_checkpoint(donor, tmp_path / "config")), "config.json"),
+        "no weights": (no_weights(_checkpoint(donor, tmp_path / "empty")), "has no weights"),
+    }
+    # an output layer that is not the embeddings, for a model that ties them
+    untie = _checkpoint(donor, tmp_path / "untied", untied)
+    from safetensors.torch import load_file, save_file
+
+    head = load_file(str(untie / "lm_head.safetensors"))
+    save_file({"lm_head.weight": head["lm_head.weight"] + 1}, str(untie / "lm_head.safetensors"))
+    cases["untied"] = (untie, "ties")
+
+    served_path = httpx.get(f"{server.base_url}/health").json()["weights_path"]
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    output = _greedy(server)
+    for case, (path, fault) in cases.items():
+        r = _reload(server, path)
+        assert r.status_code == 400, (case, r.status_code, r.text)
+        message = r.json()["error"]["message"]
+        assert fault in message and str(path) in message, (case, message)
+        assert all(torch.equal(v, state[k]) for k, v in engine.model.state_dict().items()), case
+        assert httpx.get(f"{server.base_url}/health").json()["weights_path"] == served_path, case
+    assert _greedy(server) == output
+
+
+def test_a_tied_checkpoint_without_its_output_layer_reloads_whole(served, tmp_path: Path) -> None:
+    """transformers' `save_pretrained` leaves a tied `lm_head.weight` out: such a checkpoint is
+    valid, and every served tensor (the output layer through its tie) takes the new values."""
+    from safetensors.torch import load_file
+
+    server, engine = served
+    donor = _checkpoint(make_tiny_model(tmp_path / "donor", seed=6), tmp_path / "bare", tied_file=False)
+    assert _reload(server, donor).status_code == 200
+    saved = load_file(str(donor / "model.safetensors"))
+    live = engine.model.state_dict()
+    assert "lm_head.weight" not in saved
+    assert all(torch.equal(live[k], v) for k, v in saved.items())
+    assert torch.equal(live["lm_head.weight"], saved["model.embed_tokens.weight"])
+    assert httpx.get(f"{server.base_url}/health").json()["weights_path"] == str(donor)
+    assert chat(server, max_tokens=4).status_code == 200

@@ -26,6 +26,7 @@ A pause lets the batch being decoded finish under every mode (vLLM's ``keep`` fr
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 import time
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -135,6 +137,7 @@ class ModelEngine:
         self.batches = 0
         self.batched_rows = 0
         self._lock = threading.Lock()  # held while decoding and while swapping weights
+        self._reload_lock = threading.Lock()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="model-engine", daemon=True)
         self._thread.start()
@@ -211,20 +214,138 @@ class ModelEngine:
         return not self._running.is_set()
 
     def reload_weights(self, path: str | Path) -> None:
-        """Copy the weights of the checkpoint at ``path`` into the served model (vLLM's worker
-        method of the same name, reached through ``/collective_rpc``)."""
-        new_model, _ = load(path)
-        state = new_model.state_dict()
-        with self._lock:
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if missing or unexpected:
-                raise ServeError(
-                    f"checkpoint {path} does not fit the served model "
-                    f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
-                    status=422,
-                    kind="UnprocessableEntityError",
-                )
-            self.weights_path = str(path)
+        """Replace the served model's weights with the checkpoint's at ``path`` (vLLM's worker
+        method of the same name, reached through ``/collective_rpc``).
+
+        The checkpoint is read and checked in full first (`validated_state`): every tensor the
+        served model holds is there with its shape, a floating dtype and finite values. Only then
+        are the weights copied in, all of them under the lock decoding holds, so no batch sees a
+        half-loaded model. A refused checkpoint (`ServeError`, 400) leaves the model untouched."""
+        with self._reload_lock:  # two reloads never interleave their checks and swaps
+            state = self.validated_state(Path(path))
+            live = self.model.state_dict()
+            with self._lock, torch.no_grad():
+                for name, tensor in state.items():
+                    live[name].copy_(tensor)
+                self.weights_path = str(path)
+
+    def validated_state(self, path: Path) -> dict[str, Any]:
+        """The checkpoint's tensors keyed as the served model's ``state_dict``, cast to the served
+        dtype, one per storage (tied weights once), or `ServeError` naming what does not fit."""
+        served_type = getattr(self.model.config, "model_type", None)
+        config = _read_config(path)
+        if served_type and config.get("model_type") not in (None, served_type):
+            raise ServeError(
+                f"checkpoint {path} is a {config.get('model_type')!r} model; "
+                f"the served model is {served_type!r}"
+            )
+        checkpoint = read_checkpoint(path)
+        live = self.model.state_dict()
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for name, tensor in live.items():  # tied weights share one storage: one group
+            key = (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else (name,)
+            groups.setdefault(key, []).append(name)
+        unexpected = sorted(set(checkpoint) - set(live))
+        if unexpected:
+            raise ServeError(
+                f"checkpoint {path} has {len(unexpected)} tensor(s) the served model does not: "
+                f"{', '.join(unexpected[:5])}"
+            )
+        missing = [names[0] for names in groups.values() if not any(n in checkpoint for n in names)]
+        if missing:
+            raise ServeError(
+                f"checkpoint {path} lacks {len(missing)} tensor(s) of the served model: "
+                f"{', '.join(missing[:5])}"
+            )
+        state: dict[str, Any] = {}
+        for names in groups.values():
+            target = live[names[0]]
+            chosen: Any = None
+            for name in (n for n in names if n in checkpoint):
+                tensor = checkpoint[name]
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ServeError(
+                        f"checkpoint {path}: {name} has shape {list(tensor.shape)}, the served model's "
+                        f"is {list(target.shape)}"
+                    )
+                if (
+                    not (tensor.is_floating_point() and target.is_floating_point())
+                    and tensor.dtype != target.dtype
+                ):
+                    raise ServeError(
+                        f"checkpoint {path}: {name} is {str(tensor.dtype).removeprefix('torch.')}, the "
+                        f"served model's is {str(target.dtype).removeprefix('torch.')}"
+                    )
+                tensor = tensor.to(target.dtype)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise ServeError(f"checkpoint {path}: {name} has non-finite values (NaN or inf)")
+                if chosen is None:
+                    chosen = tensor
+                elif not torch.equal(chosen, tensor):
+                    raise ServeError(
+                        f"checkpoint {path}: {name} differs from {names[0]}, "
+                        "which the served model ties to it"
+                    )
+            state[names[0]] = chosen
+        return state
+
+
+WEIGHT_INDEX = "model.safetensors.index.json"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ServeError(f"checkpoint {path}: config.json is not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ServeError(f"checkpoint {path}: config.json is not a JSON object")
+    return config
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Every tensor of the checkpoint directory ``path``, as vLLM's loader finds them: the files
+    ``model.safetensors.index.json`` names, else every ``*.safetensors`` file, else
+    ``pytorch_model.bin`` (read with ``weights_only``). `ServeError` if none is there or one
+    cannot be read; a name in two files must hold the same tensor in both."""
+    from safetensors.torch import load_file
+
+    index = path / WEIGHT_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({path / str(name) for name in weight_map.values()})
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ServeError(f"checkpoint {path}: {WEIGHT_INDEX} is malformed ({exc!r})") from None
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        if not files and (path / "pytorch_model.bin").is_file():
+            files = [path / "pytorch_model.bin"]
+    if not files:
+        raise ServeError(f"checkpoint {path} has no weights (no *.safetensors nor pytorch_model.bin)")
+    tensors: dict[str, Any] = {}
+    for file in files:
+        if file.resolve().parent != path.resolve():
+            raise ServeError(f"checkpoint {path}: {WEIGHT_INDEX} names a file outside the checkpoint")
+        try:
+            if file.suffix == ".bin":
+                loaded = torch.load(file, map_location="cpu", weights_only=True)
+            else:
+                loaded = load_file(str(file), device="cpu")
+        except Exception as exc:  # a truncated or garbled file: the checkpoint's fault
+            raise ServeError(
+                f"checkpoint {path}: cannot read {file.name} ({type(exc).__name__}: {exc})"
+            ) from None
+        if not isinstance(loaded, dict) or not all(isinstance(t, torch.Tensor) for t in loaded.values()):
+            raise ServeError(f"checkpoint {path}: {file.name} is not a file of named tensors")
+        for name, tensor in loaded.items():
+            if name in tensors and not (
+                tensors[name].shape == tensor.shape
+                and torch.equal(tensors[name], tensor.to(tensors[name].dtype))
+            ):
+                raise ServeError(f"checkpoint {path}: {name} appears in two files with different values")
+            tensors.setdefault(name, tensor)
+    return tensors
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:
