@@ -368,3 +368,110 @@ def test_a_tied_checkpoint_without_its_output_layer_reloads_whole(served, tmp_pa
     assert torch.equal(live["lm_head.weight"], saved["model.embed_tokens.weight"])
     assert httpx.get(f"{server.base_url}/health").json()["weights_path"] == str(donor)
     assert chat(server, max_tokens=4).status_code == 200
+
+
+# ---- request templates, the event loop, control routes, the pause deadline, the bind -------------
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+
+
+def test_a_request_chat_template_needs_the_trust_flag(served) -> None:
+    """As vLLM: a template in the request (top level or in `chat_template_kwargs`) is a 400 naming
+    `--trust-request-chat-template`; a server started with it renders the request's template."""
+    server, engine = served
+    for body in ({"chat_template": TEMPLATE}, {"chat_template_kwargs": {"chat_template": TEMPLATE}}):
+        r = chat(server, max_tokens=2, **body)
+        assert r.status_code == 400, r.text
+        assert "--trust-request-chat-template" in r.json()["error"]["message"]
+    assert chat(server, max_tokens=2, chat_template_kwargs={"enable_thinking": False}).status_code == 200
+    with ServerThread(
+        create_model_app(engine, trust_request_chat_template=True), name="trusting"
+    ) as trusting:
+        r = chat(trusting, max_tokens=2, chat_template=TEMPLATE, return_token_ids=True)
+        assert r.status_code == 200, r.text
+        expected = engine.tokenizer.encode("You play.|Facing down: grass.|", add_special_tokens=False)
+        assert r.json()["prompt_token_ids"] == expected
+
+
+def test_templates_render_off_the_event_loop(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one chat's prompt is being rendered (held here for seconds), `/health` answers at once."""
+    import threading
+
+    server, engine = served
+    rendering, release = threading.Event(), threading.Event()
+    real = engine.prompt_ids
+
+    def slow(req):  # noqa: ANN001, ANN202
+        rendering.set()
+        release.wait(20)
+        return real(req)
+
+    monkeypatch.setattr(engine, "prompt_ids", slow)
+    answers: list[int] = []
+    waiting = threading.Thread(target=lambda: answers.append(chat(server, max_tokens=2).status_code))
+    waiting.start()
+    try:
+        assert rendering.wait(20)
+        health = httpx.get(f"{server.base_url}/health", timeout=3)  # a blocked loop: ReadTimeout
+        assert health.status_code == 200
+    finally:
+        release.set()
+        waiting.join(60)
+    assert answers == [200]
+
+
+def test_pause_and_resume_need_a_json_content_type(served) -> None:
+    """A bodiless or `text/plain` POST (what a web page may send cross-origin without a preflight)
+    neither pauses nor resumes: 415. The trainer's `{}` body does."""
+    server, _ = served
+    url = server.base_url
+    for route in ("/pause", "/resume"):
+        for kwargs in ({}, {"content": "x", "headers": {"content-type": "text/plain"}}):
+            r = httpx.post(f"{url}{route}?mode=wait", timeout=10, **kwargs)
+            assert r.status_code == 415 and "application/json" in r.json()["error"]["message"], r.text
+            assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+    assert httpx.post(f"{url}/pause?mode=wait", json={}, timeout=30).json() == {"status": "paused"}
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": True}
+    assert httpx.post(f"{url}/resume", json={}, timeout=30).json() == {"status": "resumed"}
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+
+
+def test_a_chat_waits_a_bounded_time_while_paused(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused longer than `pause_wait_s`, a chat is answered 503 with Retry-After (and is not
+    decoded later); after the resume chats are served again."""
+    import time
+
+    server, engine = served
+    monkeypatch.setattr(engine, "pause_wait_s", 0.5, raising=False)
+    httpx.post(f"{server.base_url}/pause", json={}, timeout=30).raise_for_status()
+    try:
+        started = time.monotonic()
+        body = {"messages": MESSAGES, "max_tokens": 2}
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=15)  # was: forever
+        took = time.monotonic() - started
+    finally:
+        httpx.post(f"{server.base_url}/resume", json={}, timeout=30).raise_for_status()
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert "paused" in r.json()["error"]["message"] and 0.4 < took < 10, took
+    batches = engine.batches
+    assert chat(server, max_tokens=2).status_code == 200
+    assert engine.batches == batches + 1  # the dropped chat was never decoded
+
+
+def test_serve_model_refuses_a_public_bind(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve-model --host 0.0.0.0` is refused before anything loads, as `serve` and `view`
+    refuse a keyless public bind; `--insecure` allows it."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from grpo_service.cli import app as cli_app
+
+    served_on: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: served_on.append(host))
+    done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "0.0.0.0"])
+    assert done.exit_code != 0 and "refusing to serve on 0.0.0.0" in done.output, done.output
+    assert served_on == []
+    done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "::1"])
+    assert done.exit_code == 0 and served_on == ["::1"], done.output
+    done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "0.0.0.0", "--insecure"])
+    assert done.exit_code == 0 and served_on == ["::1", "0.0.0.0"], done.output

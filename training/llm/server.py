@@ -20,7 +20,12 @@ weights made it: the trainer that set the version knows (it pauses generation ac
 
 Unlike vLLM, a named ``tool_choice`` is not enforced by guided decoding: the model samples
 freely, and a reply without a parsable call comes back as content (the policy records it).
-A pause lets the batch being decoded finish under every mode (vLLM's ``keep`` freezes it).
+A pause lets the batch being decoded finish under every mode (vLLM's ``keep`` freezes it); a
+chat waits at most ``pause_wait_s`` of a pause, then is answered 503 with ``Retry-After``.
+``/pause`` and ``/resume`` need a JSON content type (a web page cannot send one cross-origin
+without a preflight). A request's own ``chat_template`` is refused unless the app trusts them
+(vLLM's ``--trust-request-chat-template``); templates render off the event loop. A weight reload
+checks the whole checkpoint before any served weight changes (`ModelEngine.reload_weights`).
 """
 
 from __future__ import annotations
@@ -49,13 +54,22 @@ from training.llm.sampling import Sample, Sampler, SampleRequest
 
 
 class ServeError(Exception):
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        kind: str = "BadRequestError",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.message, self.status, self.kind = message, status, kind
+        self.message, self.status, self.kind, self.headers = message, status, kind, headers
 
 
-def _error(message: str, kind: str, status: int) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, status), status_code=status)
+def _error(message: str, kind: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, status), status_code=status, headers=headers)
+
+
+TRUST_TEMPLATE_FLAG = "--trust-request-chat-template"
 
 
 # ------------------------------------------------------------------------------------ request
@@ -91,6 +105,7 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     return_token_ids: bool = False
     stream: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -100,6 +115,10 @@ class ChatRequest(BaseModel):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def supplies_template(self) -> bool:
+        """Whether the request brings its own chat template (vLLM's two places for one)."""
+        return self.chat_template is not None or self.chat_template_kwargs.get("chat_template") is not None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -115,13 +134,23 @@ class _Job:
     request: SampleRequest
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[Sample]]
+    queued_at: float = 0.0
+    state: Literal["queued", "taken", "dropped"] = "queued"
 
 
 class ModelEngine:
     """Owns the model: one worker thread decodes batches of waiting requests; new weights are
-    swapped in between batches. While paused, no new batch starts (requests wait in the queue)."""
+    swapped in between batches. While paused, no new batch starts: a request waits in the queue
+    at most ``pause_wait_s`` of the pause, then is dropped and answered 503 with ``Retry-After``."""
 
-    def __init__(self, path: str | Path, *, max_batch_rows: int = 32, served_name: str | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_batch_rows: int = 32,
+        served_name: str | None = None,
+        pause_wait_s: float = 30.0,
+    ):
         self.path = Path(path)
         self.model, self.tokenizer = load(self.path)
         self.served_name = served_name or self.path.name
@@ -132,8 +161,11 @@ class ModelEngine:
         self.max_batch_rows = max_batch_rows
         self.weights_version = "default"  # a label the trainer sets, as vLLM's /update_weight_version
         self.weights_path = str(self.path)
+        self.pause_wait_s = pause_wait_s
         self._running = threading.Event()
         self._running.set()
+        self._paused_at = 0.0
+        self._claim = threading.Lock()  # a queued job is taken by a batch or dropped, never both
         self.batches = 0
         self.batched_rows = 0
         self._lock = threading.Lock()  # held while decoding and while swapping weights
@@ -151,12 +183,14 @@ class ModelEngine:
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        template = {"chat_template": req.chat_template} if req.chat_template is not None else {}
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
                 tools=req.tools or None,
                 add_generation_prompt=True,
                 tokenize=False,
+                **template,
                 **req.chat_template_kwargs,
             )
         except Exception as exc:  # a template error is the request's fault
@@ -166,19 +200,58 @@ class ModelEngine:
     # ---- sampling ---------------------------------------------------------------------------
 
     async def sample(self, request: SampleRequest) -> list[Sample]:
+        """The samples of ``request``, decoded in the next batch. While the engine is paused the
+        request waits at most ``pause_wait_s`` (counted from the later of its arrival and the
+        pause), then is dropped: `ServeError` 503 with ``Retry-After``."""
         loop = asyncio.get_running_loop()
-        job = _Job(request, loop, loop.create_future())
+        job = _Job(request, loop, loop.create_future(), queued_at=time.monotonic())
         self._jobs.put(job)
-        return await job.future
+        try:
+            while not job.future.done():
+                wait = self.pause_wait_s
+                if self.paused:
+                    wait = max(job.queued_at, self._paused_at) + self.pause_wait_s - time.monotonic()
+                    if wait <= 0:
+                        if self._drop(job):
+                            raise ServeError(
+                                f"generation is paused (a weight update); waited {self.pause_wait_s:g}s",
+                                503,
+                                "ServiceUnavailableError",
+                                headers={"Retry-After": "1"},
+                            )
+                        return await job.future  # a batch took it: it is being decoded
+                await asyncio.wait({job.future}, timeout=min(max(wait, 0.01), 1.0))
+            return job.future.result()
+        except asyncio.CancelledError:  # the client went away: decode nothing for it
+            self._drop(job)
+            raise
+
+    def _drop(self, job: _Job) -> bool:
+        with self._claim:
+            if job.state == "queued":
+                job.state = "dropped"
+        return job.state == "dropped"
+
+    def _take(self, job: _Job) -> bool:
+        with self._claim:
+            if job.state == "queued":
+                job.state = "taken"
+        return job.state == "taken"
 
     def _run(self) -> None:
         while True:
-            first = self._jobs.get()
-            if first is None:
+            job = self._jobs.get()
+            if job is None:
                 return
             self._running.wait()
-            jobs, rows = [first], first.request.n
-            while rows < self.max_batch_rows:
+            jobs: list[_Job] = []
+            rows = 0
+            while True:
+                if self._take(job):
+                    jobs.append(job)
+                    rows += job.request.n
+                if rows >= self.max_batch_rows:
+                    break
                 try:
                     job = self._jobs.get_nowait()
                 except queue.Empty:
@@ -186,8 +259,8 @@ class ModelEngine:
                 if job is None:
                     self._jobs.put(None)
                     break
-                jobs.append(job)
-                rows += job.request.n
+            if not jobs:
+                continue
             with self._lock:
                 try:
                     results: list[Any] = self.sampler.generate([j.request for j in jobs])
@@ -202,6 +275,8 @@ class ModelEngine:
 
     def pause(self) -> None:
         """Start no new batch; return when the batch being decoded (if any) has finished."""
+        if not self.paused:
+            self._paused_at = time.monotonic()
         self._running.clear()
         with self._lock:
             pass
@@ -413,7 +488,22 @@ class WeightVersionRequest(BaseModel):
     new_version: str = Field(min_length=1, max_length=200)
 
 
-def create_model_app(engine: ModelEngine) -> FastAPI:
+def _require_json(request: Request) -> None:
+    """A control route answers only a request with a JSON content type: a web page cannot send
+    one to another origin without a CORS preflight, which this server never grants."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ServeError(
+            f"{request.method} {request.url.path} needs Content-Type: application/json "
+            "(send a JSON body, e.g. {})",
+            415,
+            "UnsupportedMediaTypeError",
+        )
+
+
+def create_model_app(engine: ModelEngine, *, trust_request_chat_template: bool = False) -> FastAPI:
+    """The HTTP app over ``engine``. A request's own ``chat_template`` is refused (400) unless
+    ``trust_request_chat_template`` (vLLM's ``--trust-request-chat-template``)."""
     app = FastAPI(title="grpo-service model server (vLLM-shaped)")
     app.state.engine = engine
 
@@ -426,7 +516,7 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, exc: ServeError) -> JSONResponse:
-        return _error(exc.message, exc.kind, exc.status)
+        return _error(exc.message, exc.kind, exc.status, exc.headers)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -456,7 +546,12 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
     async def chat(req: ChatRequest) -> JSONResponse:
         if req.model and req.model not in (engine.served_name, str(engine.path)):
             raise ServeError(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
-        prompt = engine.prompt_ids(req)
+        if req.supplies_template() and not trust_request_chat_template:
+            raise ServeError(
+                "chat_template: a chat template in the request is refused; start serve-model with "
+                f"{TRUST_TEMPLATE_FLAG} to allow it"
+            )
+        prompt = await asyncio.to_thread(engine.prompt_ids, req)  # a template can be slow: off the loop
         limit = engine.sampler.max_positions
         asked = req.max_completion_tokens or req.max_tokens
         if refused := context_error(len(prompt), asked, limit):
@@ -495,13 +590,15 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
 
     @app.post("/pause")
     async def pause(
-        mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True
+        request: Request, mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True
     ) -> dict[str, str]:
+        _require_json(request)
         await asyncio.to_thread(engine.pause)
         return {"status": "paused"}
 
     @app.post("/resume")
-    async def resume() -> dict[str, str]:
+    async def resume(request: Request) -> dict[str, str]:
+        _require_json(request)
         engine.resume()
         return {"status": "resumed"}
 
