@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -242,3 +243,235 @@ def test_modal_proxy_auth_headers_reach_the_server(model_dir: Path, monkeypatch:
     monkeypatch.delenv("MODAL_PROXY_TOKEN_SECRET")
     with pytest.raises(ValueError, match="MODAL_PROXY_TOKEN_SECRET"):
         proxy_auth_headers()
+
+
+# ---- reload: a checkpoint is checked in full before any weight changes --------------------------
+
+
+def _checkpoint(src: Path, dest: Path, edit=None, tied_file: bool = True) -> Path:  # noqa: ANN001
+    """A copy of checkpoint ``src`` at ``dest`` whose ``model.safetensors`` is ``edit(tensors)``."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dest)
+    if not tied_file:
+        (dest / "lm_head.safetensors").unlink()
+    if edit is not None:
+        tensors = load_file(str(dest / "model.safetensors"))
+        save_file(edit(tensors), str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return dest
+
+
+def _reload(server: ServerThread, path: Path) -> httpx.Response:
+    body = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+    return httpx.post(f"{server.base_url}/collective_rpc", json=body, timeout=60)
+
+
+def _greedy(server: ServerThread) -> tuple[list[int], list[float]]:
+    choice = chat(server, temperature=0, max_tokens=8, logprobs=True, return_token_ids=True).json()
+    choice = choice["choices"][0]
+    return choice["token_ids"], [e["logprob"] for e in choice["logprobs"]["content"]]
+
+
+def test_a_refused_reload_is_a_400_and_leaves_the_model_exactly_as_it_was(served, tmp_path: Path) -> None:
+    """Wrong shapes, missing tensors, NaN or inf, unreadable files and non-float tensors are each
+    refused with a 400 naming the fault before any weight changes: the same state, the same greedy
+    output, and `/health` still names the weights being served."""
+    server, engine = served
+    donor = make_tiny_model(tmp_path / "donor", seed=5)  # other values: a partial copy would show
+
+    def reshaped(t: dict) -> dict:  # the last tensor in file order has the wrong shape
+        last = sorted(t)[-1]
+        return {**t, last: torch.zeros(t[last].shape[0] + 1, *t[last].shape[1:])}
+
+    def with_nan(t: dict) -> dict:
+        name = "model.layers.1.mlp.down_proj.weight"
+        bad = t[name].clone()
+        bad[0, 0] = float("nan")
+        return {**t, name: bad}
+
+    def with_inf(t: dict) -> dict:
+        name = "model.norm.weight"
+        return {**t, name: torch.full_like(t[name], float("inf"))}
+
+    def as_int(t: dict) -> dict:
+        name = "model.norm.weight"
+        return {**t, name: t[name].to(torch.int32)}
+
+    def embeddings_only(t: dict) -> dict:
+        return {"model.embed_tokens.weight": t["model.embed_tokens.weight"]}
+
+    def garble(path: Path) -> Path:
+        (path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not a header}")
+        return path
+
+    def truncate(path: Path) -> Path:
+        data = (path / "model.safetensors").read_bytes()
+        (path / "model.safetensors").write_bytes(data[: len(data) // 2])
+        return path
+
+    def bad_config(path: Path) -> Path:
+        (path / "config.json").write_text("{not json")
+        return path
+
+    def no_weights(path: Path) -> Path:
+        for file in path.glob("*.safetensors"):
+            file.unlink()
+        return path
+
+    def untied(t: dict) -> dict:  # a tied model cannot take an output layer unlike its embeddings
+        return t
+
+    cases = {
+        "shape": (_checkpoint(donor, tmp_path / "shape", reshaped), "has shape"),
+        "nan": (_checkpoint(donor, tmp_path / "nan", with_nan), "down_proj.weight has non-finite"),
+        "inf": (_checkpoint(donor, tmp_path / "inf", with_inf), "model.norm.weight has non-finite"),
+        "int": (_checkpoint(donor, tmp_path / "int", as_int), "model.norm.weight is int32"),
+        "embeddings": (_checkpoint(donor, tmp_path / "emb", embeddings_only, tied_file=False), "lacks"),
+        "garbled": (garble(_checkpoint(donor, tmp_path / "garbled")), "cannot read"),
+        "truncated": (truncate(_checkpoint(donor, tmp_path / "truncated")), "cannot read"),
+        "config": (bad_config(_checkpoint(donor, tmp_path / "config")), "config.json"),
+        "no weights": (no_weights(_checkpoint(donor, tmp_path / "empty")), "has no weights"),
+    }
+    # an output layer that is not the embeddings, for a model that ties them
+    untie = _checkpoint(donor, tmp_path / "untied", untied)
+    from safetensors.torch import load_file, save_file
+
+    head = load_file(str(untie / "lm_head.safetensors"))
+    save_file({"lm_head.weight": head["lm_head.weight"] + 1}, str(untie / "lm_head.safetensors"))
+    cases["untied"] = (untie, "ties")
+
+    served_path = httpx.get(f"{server.base_url}/health").json()["weights_path"]
+    state = {k: v.clone() for k, v in engine.model.state_dict().items()}
+    output = _greedy(server)
+    for case, (path, fault) in cases.items():
+        r = _reload(server, path)
+        assert r.status_code == 400, (case, r.status_code, r.text)
+        message = r.json()["error"]["message"]
+        assert fault in message and str(path) in message, (case, message)
+        assert all(torch.equal(v, state[k]) for k, v in engine.model.state_dict().items()), case
+        assert httpx.get(f"{server.base_url}/health").json()["weights_path"] == served_path, case
+    assert _greedy(server) == output
+
+
+def test_a_tied_checkpoint_without_its_output_layer_reloads_whole(served, tmp_path: Path) -> None:
+    """transformers' `save_pretrained` leaves a tied `lm_head.weight` out: such a checkpoint is
+    valid, and every served tensor (the output layer through its tie) takes the new values."""
+    from safetensors.torch import load_file
+
+    server, engine = served
+    donor = _checkpoint(make_tiny_model(tmp_path / "donor", seed=6), tmp_path / "bare", tied_file=False)
+    assert _reload(server, donor).status_code == 200
+    saved = load_file(str(donor / "model.safetensors"))
+    live = engine.model.state_dict()
+    assert "lm_head.weight" not in saved
+    assert all(torch.equal(live[k], v) for k, v in saved.items())
+    assert torch.equal(live["lm_head.weight"], saved["model.embed_tokens.weight"])
+    assert httpx.get(f"{server.base_url}/health").json()["weights_path"] == str(donor)
+    assert chat(server, max_tokens=4).status_code == 200
+
+
+# ---- request templates, the event loop, control routes, the pause deadline, the bind -------------
+
+TEMPLATE = "{% for m in messages %}{{ m['content'] }}|{% endfor %}"
+
+
+def test_a_request_chat_template_needs_the_trust_flag(served) -> None:
+    """As vLLM: a template in the request (top level or in `chat_template_kwargs`) is a 400 naming
+    `--trust-request-chat-template`; a server started with it renders the request's template."""
+    server, engine = served
+    for body in ({"chat_template": TEMPLATE}, {"chat_template_kwargs": {"chat_template": TEMPLATE}}):
+        r = chat(server, max_tokens=2, **body)
+        assert r.status_code == 400, r.text
+        assert "--trust-request-chat-template" in r.json()["error"]["message"]
+    assert chat(server, max_tokens=2, chat_template_kwargs={"enable_thinking": False}).status_code == 200
+    with ServerThread(
+        create_model_app(engine, trust_request_chat_template=True), name="trusting"
+    ) as trusting:
+        r = chat(trusting, max_tokens=2, chat_template=TEMPLATE, return_token_ids=True)
+        assert r.status_code == 200, r.text
+        expected = engine.tokenizer.encode("You play.|Facing down: grass.|", add_special_tokens=False)
+        assert r.json()["prompt_token_ids"] == expected
+
+
+def test_templates_render_off_the_event_loop(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While one chat's prompt is being rendered (held here for seconds), `/health` answers at once."""
+    import threading
+
+    server, engine = served
+    rendering, release = threading.Event(), threading.Event()
+    real = engine.prompt_ids
+
+    def slow(req):  # noqa: ANN001, ANN202
+        rendering.set()
+        release.wait(20)
+        return real(req)
+
+    monkeypatch.setattr(engine, "prompt_ids", slow)
+    answers: list[int] = []
+    waiting = threading.Thread(target=lambda: answers.append(chat(server, max_tokens=2).status_code))
+    waiting.start()
+    try:
+        assert rendering.wait(20)
+        health = httpx.get(f"{server.base_url}/health", timeout=3)  # a blocked loop: ReadTimeout
+        assert health.status_code == 200
+    finally:
+        release.set()
+        waiting.join(60)
+    assert answers == [200]
+
+
+def test_pause_and_resume_need_a_json_content_type(served) -> None:
+    """A bodiless or `text/plain` POST (what a web page may send cross-origin without a preflight)
+    neither pauses nor resumes: 415. The trainer's `{}` body does."""
+    server, _ = served
+    url = server.base_url
+    for route in ("/pause", "/resume"):
+        for kwargs in ({}, {"content": "x", "headers": {"content-type": "text/plain"}}):
+            r = httpx.post(f"{url}{route}?mode=wait", timeout=10, **kwargs)
+            assert r.status_code == 415 and "application/json" in r.json()["error"]["message"], r.text
+            assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+    assert httpx.post(f"{url}/pause?mode=wait", json={}, timeout=30).json() == {"status": "paused"}
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": True}
+    assert httpx.post(f"{url}/resume", json={}, timeout=30).json() == {"status": "resumed"}
+    assert httpx.get(f"{url}/is_paused").json() == {"is_paused": False}
+
+
+def test_a_chat_waits_a_bounded_time_while_paused(served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Paused longer than `pause_wait_s`, a chat is answered 503 with Retry-After (and is not
+    decoded later); after the resume chats are served again."""
+    import time
+
+    server, engine = served
+    monkeypatch.setattr(engine, "pause_wait_s", 0.5, raising=False)
+    httpx.post(f"{server.base_url}/pause", json={}, timeout=30).raise_for_status()
+    try:
+        started = time.monotonic()
+        body = {"messages": MESSAGES, "max_tokens": 2}
+        r = httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=15)  # was: forever
+        took = time.monotonic() - started
+    finally:
+        httpx.post(f"{server.base_url}/resume", json={}, timeout=30).raise_for_status()
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert "paused" in r.json()["error"]["message"] and 0.4 < took < 10, took
+    batches = engine.batches
+    assert chat(server, max_tokens=2).status_code == 200
+    assert engine.batches == batches + 1  # the dropped chat was never decoded
+
+
+def test_serve_model_refuses_a_public_bind(model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`serve-model --host 0.0.0.0` is refused before anything loads, as `serve` and `view`
+    refuse a keyless public bind; `--insecure` allows it."""
+    import uvicorn
+    from typer.testing import CliRunner
+
+    from grpo_service.cli import app as cli_app
+
+    served_on: list[str] = []
+    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: served_on.append(host))
+    done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "0.0.0.0"])
+    assert done.exit_code != 0 and "refusing to serve on 0.0.0.0" in done.output, done.output
+    assert served_on == []
+    done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "::1"])
+    assert done.exit_code == 0 and served_on == ["::1"], done.output
+    done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "0.0.0.0", "--insecure"])
+    assert done.exit_code == 0 and served_on == ["::1", "0.0.0.0"], done.output

@@ -82,19 +82,49 @@ def serve_model_command(
     threads: Annotated[
         int, typer.Option(min=1, help="torch threads (1 is fastest on a shared or small CPU).")
     ] = 1,
+    pause_wait_s: Annotated[
+        float,
+        typer.Option(min=0.01, help="While paused, a chat waits this long, then gets 503 + Retry-After."),
+    ] = 30.0,
+    trust_request_chat_template: Annotated[
+        bool,
+        typer.Option(
+            "--trust-request-chat-template",
+            help="Render a chat template sent in a request (refused by default, as vLLM does).",
+        ),
+    ] = False,
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            envvar="ALLOW_INSECURE",
+            help="Allow a non-loopback bind (serve-model has no authentication).",
+        ),
+    ] = False,
 ) -> None:
     """Serve a checkpoint on the CPU with vLLM's chat API, token ids, logprobs and weight reloads."""
+    from grpo_service.api.auth import is_loopback
+
+    if not (insecure or is_loopback(host)):  # the rule `serve` and `view` apply; this server has no key
+        raise SystemExit(
+            f"refusing to serve on {host}: serve-model has no authentication (anyone who reaches it can "
+            "reload its weights); bind to 127.0.0.1, or pass --insecure (ALLOW_INSECURE=1) if you "
+            "really mean it"
+        )
     import torch
     import uvicorn
 
     from training.llm.server import ModelEngine, create_model_app
 
     torch.set_num_threads(threads)
-    engine = ModelEngine(path, max_batch_rows=max_batch_rows, served_name=served_model_name)
+    engine = ModelEngine(
+        path, max_batch_rows=max_batch_rows, served_name=served_model_name, pause_wait_s=pause_wait_s
+    )
+    app = create_model_app(engine, trust_request_chat_template=trust_request_chat_template)
     console.print(f"serving [bold]{engine.served_name}[/] from {path} on http://{host}:{port}/v1")
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.run(create_model_app(engine), host=host, port=port, log_level="warning")
+            uvicorn.run(app, host=host, port=port, log_level="warning")
     finally:
         engine.close()
 

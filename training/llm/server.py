@@ -20,12 +20,18 @@ weights made it: the trainer that set the version knows (it pauses generation ac
 
 Unlike vLLM, a named ``tool_choice`` is not enforced by guided decoding: the model samples
 freely, and a reply without a parsable call comes back as content (the policy records it).
-A pause lets the batch being decoded finish under every mode (vLLM's ``keep`` freezes it).
+A pause lets the batch being decoded finish under every mode (vLLM's ``keep`` freezes it); a
+chat waits at most ``pause_wait_s`` of a pause, then is answered 503 with ``Retry-After``.
+``/pause`` and ``/resume`` need a JSON content type (a web page cannot send one cross-origin
+without a preflight). A request's own ``chat_template`` is refused unless the app trusts them
+(vLLM's ``--trust-request-chat-template``); templates render off the event loop. A weight reload
+checks the whole checkpoint before any served weight changes (`ModelEngine.reload_weights`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
 import threading
 import time
@@ -34,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -47,13 +54,22 @@ from training.llm.sampling import Sample, Sampler, SampleRequest
 
 
 class ServeError(Exception):
-    def __init__(self, message: str, status: int = 400, kind: str = "BadRequestError") -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        kind: str = "BadRequestError",
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
-        self.message, self.status, self.kind = message, status, kind
+        self.message, self.status, self.kind, self.headers = message, status, kind, headers
 
 
-def _error(message: str, kind: str, status: int) -> JSONResponse:
-    return JSONResponse(error_body(message, kind, status), status_code=status)
+def _error(message: str, kind: str, status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, kind, status), status_code=status, headers=headers)
+
+
+TRUST_TEMPLATE_FLAG = "--trust-request-chat-template"
 
 
 # ------------------------------------------------------------------------------------ request
@@ -89,6 +105,7 @@ class ChatRequest(BaseModel):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     return_token_ids: bool = False
     stream: bool = False
+    chat_template: str | None = None
     chat_template_kwargs: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -98,6 +115,10 @@ class ChatRequest(BaseModel):
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         return self
+
+    def supplies_template(self) -> bool:
+        """Whether the request brings its own chat template (vLLM's two places for one)."""
+        return self.chat_template is not None or self.chat_template_kwargs.get("chat_template") is not None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -113,13 +134,23 @@ class _Job:
     request: SampleRequest
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[list[Sample]]
+    queued_at: float = 0.0
+    state: Literal["queued", "taken", "dropped"] = "queued"
 
 
 class ModelEngine:
     """Owns the model: one worker thread decodes batches of waiting requests; new weights are
-    swapped in between batches. While paused, no new batch starts (requests wait in the queue)."""
+    swapped in between batches. While paused, no new batch starts: a request waits in the queue
+    at most ``pause_wait_s`` of the pause, then is dropped and answered 503 with ``Retry-After``."""
 
-    def __init__(self, path: str | Path, *, max_batch_rows: int = 32, served_name: str | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        max_batch_rows: int = 32,
+        served_name: str | None = None,
+        pause_wait_s: float = 30.0,
+    ):
         self.path = Path(path)
         self.model, self.tokenizer = load(self.path)
         self.served_name = served_name or self.path.name
@@ -130,11 +161,15 @@ class ModelEngine:
         self.max_batch_rows = max_batch_rows
         self.weights_version = "default"  # a label the trainer sets, as vLLM's /update_weight_version
         self.weights_path = str(self.path)
+        self.pause_wait_s = pause_wait_s
         self._running = threading.Event()
         self._running.set()
+        self._paused_at = 0.0
+        self._claim = threading.Lock()  # a queued job is taken by a batch or dropped, never both
         self.batches = 0
         self.batched_rows = 0
         self._lock = threading.Lock()  # held while decoding and while swapping weights
+        self._reload_lock = threading.Lock()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="model-engine", daemon=True)
         self._thread.start()
@@ -148,12 +183,14 @@ class ModelEngine:
 
     def prompt_ids(self, req: ChatRequest) -> list[int]:
         messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        template = {"chat_template": req.chat_template} if req.chat_template is not None else {}
         try:
             text = self.tokenizer.apply_chat_template(
                 messages,
                 tools=req.tools or None,
                 add_generation_prompt=True,
                 tokenize=False,
+                **template,
                 **req.chat_template_kwargs,
             )
         except Exception as exc:  # a template error is the request's fault
@@ -163,19 +200,58 @@ class ModelEngine:
     # ---- sampling ---------------------------------------------------------------------------
 
     async def sample(self, request: SampleRequest) -> list[Sample]:
+        """The samples of ``request``, decoded in the next batch. While the engine is paused the
+        request waits at most ``pause_wait_s`` (counted from the later of its arrival and the
+        pause), then is dropped: `ServeError` 503 with ``Retry-After``."""
         loop = asyncio.get_running_loop()
-        job = _Job(request, loop, loop.create_future())
+        job = _Job(request, loop, loop.create_future(), queued_at=time.monotonic())
         self._jobs.put(job)
-        return await job.future
+        try:
+            while not job.future.done():
+                wait = self.pause_wait_s
+                if self.paused:
+                    wait = max(job.queued_at, self._paused_at) + self.pause_wait_s - time.monotonic()
+                    if wait <= 0:
+                        if self._drop(job):
+                            raise ServeError(
+                                f"generation is paused (a weight update); waited {self.pause_wait_s:g}s",
+                                503,
+                                "ServiceUnavailableError",
+                                headers={"Retry-After": "1"},
+                            )
+                        return await job.future  # a batch took it: it is being decoded
+                await asyncio.wait({job.future}, timeout=min(max(wait, 0.01), 1.0))
+            return job.future.result()
+        except asyncio.CancelledError:  # the client went away: decode nothing for it
+            self._drop(job)
+            raise
+
+    def _drop(self, job: _Job) -> bool:
+        with self._claim:
+            if job.state == "queued":
+                job.state = "dropped"
+        return job.state == "dropped"
+
+    def _take(self, job: _Job) -> bool:
+        with self._claim:
+            if job.state == "queued":
+                job.state = "taken"
+        return job.state == "taken"
 
     def _run(self) -> None:
         while True:
-            first = self._jobs.get()
-            if first is None:
+            job = self._jobs.get()
+            if job is None:
                 return
             self._running.wait()
-            jobs, rows = [first], first.request.n
-            while rows < self.max_batch_rows:
+            jobs: list[_Job] = []
+            rows = 0
+            while True:
+                if self._take(job):
+                    jobs.append(job)
+                    rows += job.request.n
+                if rows >= self.max_batch_rows:
+                    break
                 try:
                     job = self._jobs.get_nowait()
                 except queue.Empty:
@@ -183,8 +259,8 @@ class ModelEngine:
                 if job is None:
                     self._jobs.put(None)
                     break
-                jobs.append(job)
-                rows += job.request.n
+            if not jobs:
+                continue
             with self._lock:
                 try:
                     results: list[Any] = self.sampler.generate([j.request for j in jobs])
@@ -199,6 +275,8 @@ class ModelEngine:
 
     def pause(self) -> None:
         """Start no new batch; return when the batch being decoded (if any) has finished."""
+        if not self.paused:
+            self._paused_at = time.monotonic()
         self._running.clear()
         with self._lock:
             pass
@@ -211,20 +289,138 @@ class ModelEngine:
         return not self._running.is_set()
 
     def reload_weights(self, path: str | Path) -> None:
-        """Copy the weights of the checkpoint at ``path`` into the served model (vLLM's worker
-        method of the same name, reached through ``/collective_rpc``)."""
-        new_model, _ = load(path)
-        state = new_model.state_dict()
-        with self._lock:
-            missing, unexpected = self.model.load_state_dict(state, strict=False)
-            if missing or unexpected:
-                raise ServeError(
-                    f"checkpoint {path} does not fit the served model "
-                    f"(missing {missing[:3]}, unexpected {unexpected[:3]})",
-                    status=422,
-                    kind="UnprocessableEntityError",
-                )
-            self.weights_path = str(path)
+        """Replace the served model's weights with the checkpoint's at ``path`` (vLLM's worker
+        method of the same name, reached through ``/collective_rpc``).
+
+        The checkpoint is read and checked in full first (`validated_state`): every tensor the
+        served model holds is there with its shape, a floating dtype and finite values. Only then
+        are the weights copied in, all of them under the lock decoding holds, so no batch sees a
+        half-loaded model. A refused checkpoint (`ServeError`, 400) leaves the model untouched."""
+        with self._reload_lock:  # two reloads never interleave their checks and swaps
+            state = self.validated_state(Path(path))
+            live = self.model.state_dict()
+            with self._lock, torch.no_grad():
+                for name, tensor in state.items():
+                    live[name].copy_(tensor)
+                self.weights_path = str(path)
+
+    def validated_state(self, path: Path) -> dict[str, Any]:
+        """The checkpoint's tensors keyed as the served model's ``state_dict``, cast to the served
+        dtype, one per storage (tied weights once), or `ServeError` naming what does not fit."""
+        served_type = getattr(self.model.config, "model_type", None)
+        config = _read_config(path)
+        if served_type and config.get("model_type") not in (None, served_type):
+            raise ServeError(
+                f"checkpoint {path} is a {config.get('model_type')!r} model; "
+                f"the served model is {served_type!r}"
+            )
+        checkpoint = read_checkpoint(path)
+        live = self.model.state_dict()
+        groups: dict[tuple[Any, ...], list[str]] = {}
+        for name, tensor in live.items():  # tied weights share one storage: one group
+            key = (tensor.data_ptr(), tuple(tensor.shape)) if tensor.numel() else (name,)
+            groups.setdefault(key, []).append(name)
+        unexpected = sorted(set(checkpoint) - set(live))
+        if unexpected:
+            raise ServeError(
+                f"checkpoint {path} has {len(unexpected)} tensor(s) the served model does not: "
+                f"{', '.join(unexpected[:5])}"
+            )
+        missing = [names[0] for names in groups.values() if not any(n in checkpoint for n in names)]
+        if missing:
+            raise ServeError(
+                f"checkpoint {path} lacks {len(missing)} tensor(s) of the served model: "
+                f"{', '.join(missing[:5])}"
+            )
+        state: dict[str, Any] = {}
+        for names in groups.values():
+            target = live[names[0]]
+            chosen: Any = None
+            for name in (n for n in names if n in checkpoint):
+                tensor = checkpoint[name]
+                if tuple(tensor.shape) != tuple(target.shape):
+                    raise ServeError(
+                        f"checkpoint {path}: {name} has shape {list(tensor.shape)}, the served model's "
+                        f"is {list(target.shape)}"
+                    )
+                if (
+                    not (tensor.is_floating_point() and target.is_floating_point())
+                    and tensor.dtype != target.dtype
+                ):
+                    raise ServeError(
+                        f"checkpoint {path}: {name} is {str(tensor.dtype).removeprefix('torch.')}, the "
+                        f"served model's is {str(target.dtype).removeprefix('torch.')}"
+                    )
+                tensor = tensor.to(target.dtype)
+                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                    raise ServeError(f"checkpoint {path}: {name} has non-finite values (NaN or inf)")
+                if chosen is None:
+                    chosen = tensor
+                elif not torch.equal(chosen, tensor):
+                    raise ServeError(
+                        f"checkpoint {path}: {name} differs from {names[0]}, "
+                        "which the served model ties to it"
+                    )
+            state[names[0]] = chosen
+        return state
+
+
+WEIGHT_INDEX = "model.safetensors.index.json"
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ServeError(f"checkpoint {path}: config.json is not readable JSON ({exc})") from None
+    if not isinstance(config, dict):
+        raise ServeError(f"checkpoint {path}: config.json is not a JSON object")
+    return config
+
+
+def read_checkpoint(path: Path) -> dict[str, Any]:
+    """Every tensor of the checkpoint directory ``path``, as vLLM's loader finds them: the files
+    ``model.safetensors.index.json`` names, else every ``*.safetensors`` file, else
+    ``pytorch_model.bin`` (read with ``weights_only``). `ServeError` if none is there or one
+    cannot be read; a name in two files must hold the same tensor in both."""
+    from safetensors.torch import load_file
+
+    index = path / WEIGHT_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({path / str(name) for name in weight_map.values()})
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ServeError(f"checkpoint {path}: {WEIGHT_INDEX} is malformed ({exc!r})") from None
+    else:
+        files = sorted(path.glob("*.safetensors"))
+        if not files and (path / "pytorch_model.bin").is_file():
+            files = [path / "pytorch_model.bin"]
+    if not files:
+        raise ServeError(f"checkpoint {path} has no weights (no *.safetensors nor pytorch_model.bin)")
+    tensors: dict[str, Any] = {}
+    for file in files:
+        if file.resolve().parent != path.resolve():
+            raise ServeError(f"checkpoint {path}: {WEIGHT_INDEX} names a file outside the checkpoint")
+        try:
+            if file.suffix == ".bin":
+                loaded = torch.load(file, map_location="cpu", weights_only=True)
+            else:
+                loaded = load_file(str(file), device="cpu")
+        except Exception as exc:  # a truncated or garbled file: the checkpoint's fault
+            raise ServeError(
+                f"checkpoint {path}: cannot read {file.name} ({type(exc).__name__}: {exc})"
+            ) from None
+        if not isinstance(loaded, dict) or not all(isinstance(t, torch.Tensor) for t in loaded.values()):
+            raise ServeError(f"checkpoint {path}: {file.name} is not a file of named tensors")
+        for name, tensor in loaded.items():
+            if name in tensors and not (
+                tensors[name].shape == tensor.shape
+                and torch.equal(tensors[name], tensor.to(tensors[name].dtype))
+            ):
+                raise ServeError(f"checkpoint {path}: {name} appears in two files with different values")
+            tensors.setdefault(name, tensor)
+    return tensors
 
 
 def _settle(future: asyncio.Future[Any], result: Any) -> None:
@@ -292,7 +488,22 @@ class WeightVersionRequest(BaseModel):
     new_version: str = Field(min_length=1, max_length=200)
 
 
-def create_model_app(engine: ModelEngine) -> FastAPI:
+def _require_json(request: Request) -> None:
+    """A control route answers only a request with a JSON content type: a web page cannot send
+    one to another origin without a CORS preflight, which this server never grants."""
+    media = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if media != "application/json":
+        raise ServeError(
+            f"{request.method} {request.url.path} needs Content-Type: application/json "
+            "(send a JSON body, e.g. {})",
+            415,
+            "UnsupportedMediaTypeError",
+        )
+
+
+def create_model_app(engine: ModelEngine, *, trust_request_chat_template: bool = False) -> FastAPI:
+    """The HTTP app over ``engine``. A request's own ``chat_template`` is refused (400) unless
+    ``trust_request_chat_template`` (vLLM's ``--trust-request-chat-template``)."""
     app = FastAPI(title="grpo-service model server (vLLM-shaped)")
     app.state.engine = engine
 
@@ -305,7 +516,7 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
 
     @app.exception_handler(ServeError)
     async def _serve_error(request: Request, exc: ServeError) -> JSONResponse:
-        return _error(exc.message, exc.kind, exc.status)
+        return _error(exc.message, exc.kind, exc.status, exc.headers)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -335,7 +546,12 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
     async def chat(req: ChatRequest) -> JSONResponse:
         if req.model and req.model not in (engine.served_name, str(engine.path)):
             raise ServeError(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
-        prompt = engine.prompt_ids(req)
+        if req.supplies_template() and not trust_request_chat_template:
+            raise ServeError(
+                "chat_template: a chat template in the request is refused; start serve-model with "
+                f"{TRUST_TEMPLATE_FLAG} to allow it"
+            )
+        prompt = await asyncio.to_thread(engine.prompt_ids, req)  # a template can be slow: off the loop
         limit = engine.sampler.max_positions
         asked = req.max_completion_tokens or req.max_tokens
         if refused := context_error(len(prompt), asked, limit):
@@ -374,13 +590,15 @@ def create_model_app(engine: ModelEngine) -> FastAPI:
 
     @app.post("/pause")
     async def pause(
-        mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True
+        request: Request, mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True
     ) -> dict[str, str]:
+        _require_json(request)
         await asyncio.to_thread(engine.pause)
         return {"status": "paused"}
 
     @app.post("/resume")
-    async def resume() -> dict[str, str]:
+    async def resume(request: Request) -> dict[str, str]:
+        _require_json(request)
         engine.resume()
         return {"status": "resumed"}
 

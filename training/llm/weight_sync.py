@@ -64,13 +64,15 @@ class WeightSync:
                 "in-place reload would leave that layer stale; save it with training.llm.run.save_weights"
             )
         started = time.monotonic()
-        self._call("POST", "/pause", params={"mode": "wait"})
+        # a JSON body (`{}`): serve-model refuses a bodiless /pause (a web page could send one);
+        # vLLM reads only the query
+        self._call("POST", "/pause", params={"mode": "wait"}, json={})
         try:
             body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}
             self._call("POST", "/collective_rpc", json=body)
             self._call("POST", "/update_weight_version", json={"new_version": str(version)})
         finally:
-            self._call("POST", "/resume")
+            self._call("POST", "/resume", json={})
         reported = self.version()
         if reported != str(version):
             raise WeightSyncError(f"the server reports weights version {reported!r} after loading {version}")
