@@ -210,3 +210,19 @@ def test_cli_train_then_jobs(tmp_path: Path, start_server: Callable[..., ServerT
     server = start_server()
     listed = CliRunner().invoke(app, ["jobs", "--base-url", server.base_url, "--json"])
     assert listed.exit_code == 0 and '"jobs": []' in listed.output
+
+
+def test_a_stop_right_after_train_is_recorded_stopped(api: tuple[httpx.Client, Path]) -> None:
+    """Stopped while its process is still starting (importing torch), a job is ``stopped``, not
+    ``failed`` with the exit code of the terminated process."""
+    client, _ = api
+    for n in range(3):
+        r = client.post("/train", json={**SHORT, "total_timesteps": 1_000_000, "model_name": f"quick{n}"})
+        assert r.status_code == 200, r.text
+        job_id = r.json()["job_id"]
+        stopped = client.post(f"/training/{job_id}/stop")
+        assert stopped.status_code == 200 and stopped.json()["status"] == "stopped", stopped.text
+        time.sleep(0.5)  # the watcher has seen the process end by now
+        status = client.get(f"/training/{job_id}/status").json()
+        ended = (status["status"], status["end_reason"], status["error_message"])
+        assert ended == ("stopped", "stopped", None)

@@ -103,6 +103,8 @@ class Job:
     conn: Any = field(default=None, repr=False)
     stop_event: Any = field(default=None, repr=False)
     deadline: float = field(default=0.0, repr=False)
+    stop_requested: bool = field(default=False, repr=False)
+    """Set before the stop event: a process that ends after it was asked to stop is ``stopped``."""
 
     def record(self) -> dict[str, Any]:
         return {
@@ -294,6 +296,7 @@ class JobRunner:
         job = self.get(job_id)
         if job.status in TERMINAL:
             return job
+        job.stop_requested = True  # before the event: the watcher may see the process end first
         job.stop_event.set()
         job.process.join(grace_s)
         if job.process.is_alive():
@@ -342,7 +345,11 @@ class JobRunner:
                         continue
                     if job.process.exitcode is not None:
                         self._drain(job)
-                        if job.status not in TERMINAL:
+                        if job.status in TERMINAL:
+                            continue
+                        if job.stop_requested:  # stopped (or terminated by stop()) before a word
+                            self._finish(job, "stopped", end_reason="stopped")
+                        else:
                             code = job.process.exitcode
                             self._finish(job, "failed", error=f"the job process exited with code {code}")
                     elif time.monotonic() > job.deadline:
