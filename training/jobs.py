@@ -49,6 +49,10 @@ class JobType:
     prepare: Callable[[Any, Path, str], None] | None = None
     """Runs in the service at submit, before the process starts: ``(config, models_dir, model_name)``
     (e.g. writes the initial model). Must be quick and must not import torch."""
+    confine: Callable[[Any, Path, Path], Any] | None = None
+    """Runs in the service at submit, first: ``(config, models_dir, data_dir) -> config`` with the
+    paths the config names resolved inside the service's directories; ValueError naming the field
+    when one is not there (a job never reads an arbitrary server path)."""
 
 
 JOB_TYPES: dict[str, JobType] = {}
@@ -77,6 +81,11 @@ class JobLimitReached(Exception):
 
 class ModelNameTaken(Exception):
     """The model name exists (and overwrite is off), or a running job writes it."""
+
+
+class JobConfigRefused(ValueError):
+    """A valid config that asks for what this server does not give a job (more threads than
+    ``threads_per_job``, a path outside its directories); the message names the field."""
 
 
 def now_iso() -> str:
@@ -184,6 +193,7 @@ class JobRunner:
         max_wall_time_s: float = 3600.0,
         max_finished: int = 1000,
         threads_per_job: int = 1,
+        data_dir: Path | None = None,
         model_exists: Callable[[str], bool] | None = None,
         new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         plugins: tuple[str, ...] = (),
@@ -194,6 +204,8 @@ class JobRunner:
         self.max_wall_time_s = max_wall_time_s
         self.max_finished = max_finished
         self.threads_per_job = threads_per_job
+        self.data_dir = data_dir if data_dir is not None else models_dir.parent / "datasets"
+        """Where the job API's ``dataset`` names are looked up (`JobType.confine`)."""
         self.model_exists = model_exists or (lambda name: (models_dir / f"{name}.zip").exists())
         self.new_job_id = new_job_id
         self.plugins = plugins
@@ -233,7 +245,20 @@ class JobRunner:
     # ------------------------------------------------------------------------------ actions
 
     def submit(self, job_type: JobType, config: BaseModel, *, wall_time_s: float | None = None) -> Job:
-        """Start a job (config already validated). The config's ``model_name`` is filled in."""
+        """Start a job (config already validated). The config's ``model_name`` is filled in.
+        `JobConfigRefused` when the config asks for more threads than ``threads_per_job`` or names
+        a path outside the service's directories."""
+        threads = getattr(config, "threads", None)
+        if isinstance(threads, int) and threads > self.threads_per_job:
+            raise JobConfigRefused(
+                f"threads: {threads} is more than this server gives a job "
+                f"(TRAINING_THREADS_PER_JOB={self.threads_per_job})"
+            )
+        if job_type.confine is not None:
+            try:
+                config = job_type.confine(config, self.models_dir, self.data_dir)
+            except ValueError as exc:
+                raise JobConfigRefused(str(exc)) from None
         job_id = self.new_job_id()
         name = getattr(config, "model_name", None) or f"grpo_model_{job_id[-12:]}"
         config = config.model_copy(update={"model_name": name})
