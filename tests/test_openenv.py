@@ -299,6 +299,26 @@ def test_an_episode_over_is_an_execution_error(base: str) -> None:
         assert ask(ws, {"type": "reset", "data": {"seed": 2}})["type"] == "observation"
 
 
+def test_json_nested_too_deep_is_invalid_json_and_logs_no_traceback(
+    base: str, http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nesting past what Python's parser can recurse (thousands of levels, a few KB) is refused by
+    the service's one strict parser like any other unreadable JSON: an ``INVALID_JSON`` frame on
+    the socket (the session goes on), JSON-RPC's parse error on ``/mcp``; no traceback in the log."""
+    deep_frames = ["[" * 5_000, "[" * 5_000 + "]" * 5_000, '{"type": "step", "data": ' + "[" * 5_000]
+    with caplog.at_level("WARNING"), socket(base) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 9}})
+        for frame in deep_frames:
+            reply = ask(ws, frame)
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", reply
+        assert ask(ws, {"type": "step", "data": {"action": "noop"}})["type"] == "observation"
+        for depth in (1_200, 5_000):
+            rpc = http.post("/openenv/crafter/mcp", content=b"[" * depth + b"]" * depth)
+            assert rpc.status_code == 200, rpc.text
+            assert rpc.json()["error"]["code"] == -32700 and "nested" in rpc.json()["error"]["message"]
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
 # ------------------------------------------------------------------------- MCP and the documents
 
 
