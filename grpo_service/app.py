@@ -14,7 +14,7 @@ from fastapi_offline import FastAPIOffline
 
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
-from grpo_service.api.auth import APIKeyGate, document_security, redact_access_log
+from grpo_service.api.auth import APIKeyGate, document_security, redact_query_secrets
 from grpo_service.api.limits import BodySizeLimit
 from grpo_service.api.routes import batch, env, meta, policy, rollout, training, viewer
 from grpo_service.api.services import Services
@@ -174,5 +174,5 @@ def create_app(
     if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"
         origins = settings.cors_allow_origins
         app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
-    redact_access_log()
+    redact_query_secrets()
     return app

@@ -162,17 +162,23 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
 def test_an_sft_job_through_the_job_api(setup, start_server, tmp_path: Path) -> None:
     """``POST /train {"type": "sft"}`` runs the same trainer in a job process, writes the run under
     the state directory's ``models/<model_name>/`` and reports its steps; a missing model is a 4xx."""
+    import shutil
     import time
 
     import httpx
 
     model_dir, data = setup
     server = start_server(training_max_jobs=1)
+    state = tmp_path / "state"  # the start_server fixture's state directory
+    # The job API reads names inside the service's own directories, never a path the body names.
+    shutil.copytree(model_dir, state / "models" / "tiny")
+    (state / "datasets").mkdir(parents=True)
+    shutil.copy(data, state / "datasets" / "chat.jsonl")
     with httpx.Client(base_url=server.base_url, timeout=90) as client:
         body = {
             "type": "sft",
-            "model": str(model_dir),
-            "dataset": str(data),
+            "model": "tiny",
+            "dataset": "chat.jsonl",
             "max_steps": 3,
             "model_name": "s1",
         }
@@ -190,7 +196,7 @@ def test_an_sft_job_through_the_job_api(setup, start_server, tmp_path: Path) -> 
             time.sleep(0.2)
         assert status["status"] == "completed", status
         assert status["job_type"] == "sft" and status["current_timesteps"] == status["total_timesteps"] == 3
-        run = tmp_path / "state" / "models" / "s1"  # the start_server fixture's state directory
+        run = state / "models" / "s1"
         assert (run / "final" / "config.json").exists() and (run / "metrics.jsonl").exists()
         unknown = client.post("/train", json={"type": "sft", "dataset": str(data)})
         assert unknown.status_code == 422 and "model" in unknown.text

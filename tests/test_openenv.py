@@ -299,6 +299,55 @@ def test_an_episode_over_is_an_execution_error(base: str) -> None:
         assert ask(ws, {"type": "reset", "data": {"seed": 2}})["type"] == "observation"
 
 
+def test_json_nested_too_deep_is_invalid_json_and_logs_no_traceback(
+    base: str, http: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Nesting past what Python's parser can recurse (thousands of levels, a few KB) is refused by
+    the service's one strict parser like any other unreadable JSON: an ``INVALID_JSON`` frame on
+    the socket (the session goes on), JSON-RPC's parse error on ``/mcp``; no traceback in the log."""
+    deep_frames = ["[" * 5_000, "[" * 5_000 + "]" * 5_000, '{"type": "step", "data": ' + "[" * 5_000]
+    with caplog.at_level("WARNING"), socket(base) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 9}})
+        for frame in deep_frames:
+            reply = ask(ws, frame)
+            assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", reply
+        assert ask(ws, {"type": "step", "data": {"action": "noop"}})["type"] == "observation"
+        for depth in (1_200, 5_000):
+            rpc = http.post("/openenv/crafter/mcp", content=b"[" * depth + b"]" * depth)
+            assert rpc.status_code == 200, rpc.text
+            assert rpc.json()["error"]["code"] == -32700 and "nested" in rpc.json()["error"]["message"]
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_a_key_in_a_websocket_query_string_is_not_logged(tmp_path: Path) -> None:
+    """A key sent as ``?api_key=`` / ``?token=`` on the socket is refused (the service reads keys
+    from headers only), and uvicorn's WebSocket handshake lines (its ``uvicorn.error`` logger, not
+    the access log) show the path with the value cut, as HTTP access lines do."""
+    from websockets.exceptions import InvalidStatus
+
+    from tests.hardening import start_service
+
+    key = "sk-ws-key-in-query-0123456789abcdef"
+    environ = {"ENVIRONMENT_API_KEY": key, "STATE_DIR": str(tmp_path / "state"), "SNAPSHOT_SECRET": "s" * 40}
+    service = start_service(tmp_path, environ)
+    ws_base = service.base_url.replace("http", "ws", 1)
+    try:
+        for query in (f"api_key={key}", f"token={key}", f"session_id=x&access_token={key}"):
+            with pytest.raises(InvalidStatus) as refused:
+                connect(ws_base + f"/openenv/crafter/ws?{query}", open_timeout=30)
+            assert refused.value.response.status_code == 401
+        # Accepted (the key in its header): the "[accepted]" line names the path too.
+        url = ws_base + f"/openenv/crafter/ws?token={key}"
+        with connect(url, open_timeout=30, additional_headers={"X-API-Key": key}) as ws:
+            assert ask(ws, {"type": "reset", "data": {"seed": 1}})["type"] == "observation"
+    finally:
+        service.stop()
+    log = service.log.read_text()
+    assert '"WebSocket /openenv/crafter/ws?api_key=***"' in log, log[-2000:]
+    assert "ws?session_id=x&access_token=***" in log and "ws?token=*** [accepted]" in log.replace('"', "")
+    assert all(key[i : i + 8] not in log for i in range(len(key) - 7)), log[-2000:]
+
+
 # ------------------------------------------------------------------------- MCP and the documents
 
 

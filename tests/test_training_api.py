@@ -210,3 +210,71 @@ def test_cli_train_then_jobs(tmp_path: Path, start_server: Callable[..., ServerT
     server = start_server()
     listed = CliRunner().invoke(app, ["jobs", "--base-url", server.base_url, "--json"])
     assert listed.exit_code == 0 and '"jobs": []' in listed.output
+
+
+def test_a_stop_right_after_train_is_recorded_stopped(api: tuple[httpx.Client, Path]) -> None:
+    """Stopped while its process is still starting (importing torch), a job is ``stopped``, not
+    ``failed`` with the exit code of the terminated process."""
+    client, _ = api
+    for n in range(3):
+        r = client.post("/train", json={**SHORT, "total_timesteps": 1_000_000, "model_name": f"quick{n}"})
+        assert r.status_code == 200, r.text
+        job_id = r.json()["job_id"]
+        stopped = client.post(f"/training/{job_id}/stop")
+        assert stopped.status_code == 200 and stopped.json()["status"] == "stopped", stopped.text
+        time.sleep(0.5)  # the watcher has seen the process end by now
+        status = client.get(f"/training/{job_id}/status").json()
+        ended = (status["status"], status["end_reason"], status["error_message"])
+        assert ended == ("stopped", "stopped", None)
+
+
+def test_job_threads_stay_within_the_servers_threads_per_job(api: tuple[httpx.Client, Path]) -> None:
+    """A job may ask for fewer torch threads than TRAINING_THREADS_PER_JOB (1 here), never more:
+    a 422 naming both numbers, before any process starts."""
+    client, models = api
+    (models / "tiny").mkdir(parents=True)
+    (models / "tiny" / "config.json").write_text("{}")
+    for job in ({"type": "rl", "model": "tiny"}, {"type": "sft", "model": "tiny", "dataset": "d.jsonl"}):
+        r = client.post("/train", json={**job, "threads": 64})
+        assert r.status_code == 422, r.text
+        detail = r.json()["detail"]
+        assert "threads: 64" in detail and "TRAINING_THREADS_PER_JOB=1" in detail, detail
+    assert client.get("/training/jobs").json()["jobs"] == []
+
+
+def test_job_paths_are_names_inside_the_services_directories(api: tuple[httpx.Client, Path]) -> None:
+    """Under the job API ``model`` names a checkpoint in STATE_DIR/models and ``dataset`` a file in
+    STATE_DIR/datasets; a server path, a climb out or a link out is a 422 naming the field."""
+    client, models = api
+    (models / "tiny").mkdir(parents=True)
+    (models / "tiny" / "config.json").write_text("{}")
+    datasets = models.parent / "datasets"
+    datasets.mkdir()
+    (datasets / "out.jsonl").symlink_to("/etc/passwd")
+    (models / "escape").symlink_to("/etc", target_is_directory=True)
+    sft = {"type": "sft", "model": "tiny", "max_steps": 1}
+    refused = [
+        ({**sft, "dataset": "/etc/passwd"}, "dataset"),
+        ({**sft, "dataset": "../../../../../../etc/passwd"}, "dataset"),
+        ({**sft, "dataset": "out.jsonl"}, "dataset"),  # a link that leads out
+        ({**sft, "dataset": "absent.jsonl"}, "dataset"),
+        ({"type": "sft", "model": "tiny"}, "dataset"),  # required under the job API
+        ({**sft, "model": "/etc", "dataset": "x"}, "model"),
+        ({**sft, "model": "tiny/../../../..", "dataset": "x"}, "model"),
+        ({**sft, "model": "escape", "dataset": "x"}, "model"),
+        ({"type": "rl", "model": "/tmp"}, "model"),
+        ({"type": "rl", "model": "ghost"}, "model"),
+    ]
+    for body, field in refused:
+        r = client.post("/train", json=body)
+        assert r.status_code == 422, (body, r.text)
+        assert r.json()["detail"].startswith(f"{field}: "), (body, r.text)
+    assert client.get("/training/jobs").json()["jobs"] == []
+    # A name inside the directories is taken, resolved to the file it names.
+    (datasets / "chat.jsonl").write_text("")
+    taken = client.post("/train", json={**sft, "dataset": "chat.jsonl", "model_name": "ok"})
+    assert taken.status_code == 200, taken.text
+    config = taken.json()["config"]
+    assert Path(config["dataset"]) == (datasets / "chat.jsonl").resolve()
+    assert Path(config["model"]) == (models / "tiny").resolve()
+    client.post(f"/training/{taken.json()['job_id']}/stop")

@@ -49,6 +49,10 @@ class JobType:
     prepare: Callable[[Any, Path, str], None] | None = None
     """Runs in the service at submit, before the process starts: ``(config, models_dir, model_name)``
     (e.g. writes the initial model). Must be quick and must not import torch."""
+    confine: Callable[[Any, Path, Path], Any] | None = None
+    """Runs in the service at submit, first: ``(config, models_dir, data_dir) -> config`` with the
+    paths the config names resolved inside the service's directories; ValueError naming the field
+    when one is not there (a job never reads an arbitrary server path)."""
 
 
 JOB_TYPES: dict[str, JobType] = {}
@@ -79,6 +83,11 @@ class ModelNameTaken(Exception):
     """The model name exists (and overwrite is off), or a running job writes it."""
 
 
+class JobConfigRefused(ValueError):
+    """A valid config that asks for what this server does not give a job (more threads than
+    ``threads_per_job``, a path outside its directories); the message names the field."""
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
@@ -103,6 +112,8 @@ class Job:
     conn: Any = field(default=None, repr=False)
     stop_event: Any = field(default=None, repr=False)
     deadline: float = field(default=0.0, repr=False)
+    stop_requested: bool = field(default=False, repr=False)
+    """Set before the stop event: a process that ends after it was asked to stop is ``stopped``."""
 
     def record(self) -> dict[str, Any]:
         return {
@@ -182,6 +193,7 @@ class JobRunner:
         max_wall_time_s: float = 3600.0,
         max_finished: int = 1000,
         threads_per_job: int = 1,
+        data_dir: Path | None = None,
         model_exists: Callable[[str], bool] | None = None,
         new_job_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         plugins: tuple[str, ...] = (),
@@ -192,6 +204,8 @@ class JobRunner:
         self.max_wall_time_s = max_wall_time_s
         self.max_finished = max_finished
         self.threads_per_job = threads_per_job
+        self.data_dir = data_dir if data_dir is not None else models_dir.parent / "datasets"
+        """Where the job API's ``dataset`` names are looked up (`JobType.confine`)."""
         self.model_exists = model_exists or (lambda name: (models_dir / f"{name}.zip").exists())
         self.new_job_id = new_job_id
         self.plugins = plugins
@@ -231,7 +245,20 @@ class JobRunner:
     # ------------------------------------------------------------------------------ actions
 
     def submit(self, job_type: JobType, config: BaseModel, *, wall_time_s: float | None = None) -> Job:
-        """Start a job (config already validated). The config's ``model_name`` is filled in."""
+        """Start a job (config already validated). The config's ``model_name`` is filled in.
+        `JobConfigRefused` when the config asks for more threads than ``threads_per_job`` or names
+        a path outside the service's directories."""
+        threads = getattr(config, "threads", None)
+        if isinstance(threads, int) and threads > self.threads_per_job:
+            raise JobConfigRefused(
+                f"threads: {threads} is more than this server gives a job "
+                f"(TRAINING_THREADS_PER_JOB={self.threads_per_job})"
+            )
+        if job_type.confine is not None:
+            try:
+                config = job_type.confine(config, self.models_dir, self.data_dir)
+            except ValueError as exc:
+                raise JobConfigRefused(str(exc)) from None
         job_id = self.new_job_id()
         name = getattr(config, "model_name", None) or f"grpo_model_{job_id[-12:]}"
         config = config.model_copy(update={"model_name": name})
@@ -294,6 +321,7 @@ class JobRunner:
         job = self.get(job_id)
         if job.status in TERMINAL:
             return job
+        job.stop_requested = True  # before the event: the watcher may see the process end first
         job.stop_event.set()
         job.process.join(grace_s)
         if job.process.is_alive():
@@ -342,7 +370,11 @@ class JobRunner:
                         continue
                     if job.process.exitcode is not None:
                         self._drain(job)
-                        if job.status not in TERMINAL:
+                        if job.status in TERMINAL:
+                            continue
+                        if job.stop_requested:  # stopped (or terminated by stop()) before a word
+                            self._finish(job, "stopped", end_reason="stopped")
+                        else:
                             code = job.process.exitcode
                             self._finish(job, "failed", error=f"the job process exited with code {code}")
                     elif time.monotonic() > job.deadline:

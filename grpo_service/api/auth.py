@@ -160,19 +160,28 @@ def _path_pattern(path: str) -> re.Pattern[str]:
 _SECRET_PARAM = re.compile(r"(?i)([?&][^=&#]*(?:key|token|secret|passw|auth|sig)[^=&#]*=)[^&#]*")
 
 
-class RedactAccessLog(logging.Filter):
-    """Cut secret query values out of uvicorn's access log lines. The service never reads a key
-    from the query string (it answers 401), but the access log would keep a key sent there."""
+class RedactQuerySecrets(logging.Filter):
+    """Cut secret query values out of uvicorn's log lines that name a request's path: the HTTP
+    access lines (``uvicorn.access``) and the WebSocket handshake lines, which uvicorn writes to
+    ``uvicorn.error`` (``"WebSocket /path?query" 401`` / ``[accepted]``). The service never reads a
+    key from the query string (it answers 401), but the log would keep a key sent there."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
-        if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
-            record.args = (*args[:2], _SECRET_PARAM.sub(r"\1***", args[2]), *args[3:])
+        if isinstance(args, tuple) and any(isinstance(a, str) and "?" in a for a in args):
+            record.args = tuple(_SECRET_PARAM.sub(r"\1***", a) if isinstance(a, str) else a for a in args)
+        if not args and isinstance(record.msg, str) and "?" in record.msg:  # a line logged as is
+            record.msg = _SECRET_PARAM.sub(r"\1***", record.msg)
         return True
 
 
-def redact_access_log() -> None:
-    """Install `RedactAccessLog` on uvicorn's access logger (once per process)."""
-    logger = logging.getLogger("uvicorn.access")
-    if not any(isinstance(f, RedactAccessLog) for f in logger.filters):
-        logger.addFilter(RedactAccessLog())
+QUERY_LOGGERS = ("uvicorn.access", "uvicorn.error")
+"""uvicorn's loggers whose lines name a request's path with its query string."""
+
+
+def redact_query_secrets() -> None:
+    """Install `RedactQuerySecrets` on uvicorn's `QUERY_LOGGERS` (once per process)."""
+    for name in QUERY_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, RedactQuerySecrets) for f in logger.filters):
+            logger.addFilter(RedactQuerySecrets())

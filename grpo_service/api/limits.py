@@ -79,6 +79,10 @@ def _finite_float(text: str) -> float:
     return value
 
 
+def _nested_too_deep() -> json.JSONDecodeError:
+    return json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", "", 0)
+
+
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
@@ -86,12 +90,17 @@ def strict_json(body: bytes | str) -> Any:
     """Parse standard JSON only (`json.JSONDecodeError` otherwise): Python's `json` accepts ``NaN``,
     ``Infinity``, ``1e400`` (→ inf) and lone UTF-16 surrogate escapes (``"\\ud800"``): none is valid
     JSON text, and once parsed each crashes a strict encoder downstream (the response, the OpenAI
-    client). Nesting deeper than `MAX_JSON_DEPTH` is refused too."""
+    client). Nesting deeper than `MAX_JSON_DEPTH` is refused too, as a decode error: nesting past
+    what the parser can recurse (about 1,000 levels: a few KB of ``[``) included, which Python's
+    `json` answers with a `RecursionError` (a 500, or a traceback per WebSocket frame)."""
     raw = body.encode() if isinstance(body, str) else body
-    value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    try:
+        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise _nested_too_deep() from None
     # Only a body with more brackets than the limit can nest that deep: count at C speed.
     if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and too_deep(value):
-        raise json.JSONDecodeError(f"nested more than {MAX_JSON_DEPTH} levels deep", "", 0)
+        raise _nested_too_deep()
     if _SURROGATE_ESCAPE.search(raw):  # rare: only then pay for the check
         try:
             json.dumps(value, ensure_ascii=False).encode()

@@ -9,7 +9,7 @@ from typing import Any
 
 from grpo_service.client import AsyncTaskAppClient, TaskAppClient
 from training.jobs import JobType, register_job_type
-from training.llm.config import RLConfig, SFTConfig
+from training.llm.config import RLConfig, SFTConfig, confine_paths
 
 
 class TaskAppGroups:
@@ -75,6 +75,7 @@ register_job_type(
         SFTConfig,
         "grpo_service.training_api.llm_jobs:train_sft_job",
         "Supervised fine-tuning of a causal LM on chat JSONL, loss on assistant tokens.",
+        confine=confine_paths,
     )
 )
 register_job_type(
@@ -83,5 +84,6 @@ register_job_type(
         RLConfig,
         "grpo_service.training_api.llm_jobs:train_rl_job",
         "GRPO of a causal LM on rollout groups from a task app, served by serve-model or vLLM.",
+        confine=confine_paths,
     )
 )

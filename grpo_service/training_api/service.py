@@ -30,6 +30,7 @@ class TrainingService:
             max_wall_time_s=settings.training_max_wall_time_s,
             max_finished=settings.training_max_finished_jobs,
             threads_per_job=settings.training_threads_per_job,
+            data_dir=settings.state_dir / "datasets",
             model_exists=models.exists,
             plugins=tuple(settings.training_plugins),
             new_job_id=new_instance_id,  # tagged like every live object's id

@@ -3,6 +3,8 @@ import torch: the service validates job configs in its own process."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -21,7 +23,9 @@ class _Config(BaseModel):
     )
     overwrite: bool = Field(default=False, description="Job API: replace a run of the same name.")
     model: str = Field(
-        description="The start checkpoint: a local directory (init-model output or a real one)."
+        description="The start checkpoint: a local directory (init-model output or a real one). "
+        "Job API: a directory inside the service's models directory (STATE_DIR/models), named "
+        "relative to it, e.g. `tiny-lm` or `my_sft/final`."
     )
     out: str | None = Field(
         default=None,
@@ -39,7 +43,11 @@ class SFTConfig(_Config):
     """Supervised fine-tuning on chat JSONL (``export-sft`` output), loss on assistant tokens."""
 
     type: Literal["sft"] = Field(default="sft", description="Job type: `sft`.")
-    dataset: str | None = Field(default=None, description="Chat JSONL (the --dataset flag sets it).")
+    dataset: str | None = Field(
+        default=None,
+        description="Chat JSONL (the --dataset flag sets it). Job API: required, a file inside the "
+        "service's data directory (STATE_DIR/datasets), named relative to it.",
+    )
     epochs: int = Field(default=1, ge=1, le=10_000, description="Passes over the dataset.")
     max_steps: int | None = Field(default=None, ge=1, description="Stop after this many steps.")
     batch_size: int = Field(default=4, ge=1, le=4096, description="Examples per optimizer step.")
@@ -138,3 +146,38 @@ class RLConfig(_Config):
                 "policy_config.api_key: use the model server without a key, or set it on the server"
             )
         return self
+
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def _inside(base: Path, name: str, field: str, kind: str) -> Path:
+    """``name`` resolved inside ``base`` (links followed), or ValueError naming ``field``."""
+    where = f"the service's {'models' if kind == 'model' else 'data'} directory"
+    if len(name) > 512 or not all(_NAME_PART.match(part) for part in name.split("/")):
+        raise ValueError(
+            f"{field}: {name!r} is not a {kind} name: under the job API it names a {kind} inside {where}, "
+            "relative to it (no leading '/', no '..', no hidden parts)"
+        )
+    root = base.resolve()
+    path = (root / name).resolve()
+    if not path.is_relative_to(root):
+        raise ValueError(f"{field}: {name!r} leads outside {where}")
+    if kind == "model" and not (path / "config.json").is_file():
+        raise ValueError(f"{field}: no model {name!r} (a directory with a config.json) in {where}")
+    if kind == "dataset" and not path.is_file():
+        raise ValueError(f"{field}: no dataset {name!r} in {where}")
+    return path
+
+
+def confine_paths(config: _Config, models_dir: Path, data_dir: Path) -> Any:
+    """Under the job API (`training.jobs.JobType.confine`): ``model`` names a checkpoint directory
+    inside the service's models directory and an sft job's ``dataset`` a file inside its data
+    directory, both relative to it; the config comes back with them resolved. A job never reads
+    an arbitrary server path (``/etc/passwd`` as a dataset). ValueError naming the field."""
+    update: dict[str, Any] = {"model": str(_inside(models_dir, config.model, "model", "model"))}
+    if isinstance(config, SFTConfig):
+        if not config.dataset:
+            raise ValueError("dataset: required (a chat JSONL file inside the service's data directory)")
+        update["dataset"] = str(_inside(data_dir, config.dataset, "dataset", "dataset"))
+    return config.model_copy(update=update)

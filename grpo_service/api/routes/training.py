@@ -39,7 +39,7 @@ from grpo_service.models.training import (
 from grpo_service.training_api.service import TrainingService
 from grpo_service.version import __version__
 from training.gym.policy import InvalidPolicyFile
-from training.jobs import TERMINAL, Job, JobLimitReached, ModelNameTaken, get_job_type
+from training.jobs import TERMINAL, Job, JobConfigRefused, JobLimitReached, ModelNameTaken, get_job_type
 from training.model_store import InvalidModelName, ModelNotFound
 
 router = service_router("training")
@@ -70,11 +70,11 @@ TRAIN_EXAMPLES = {
         },
     },
     "sft": {
-        "summary": "SFT of a causal LM on export-sft data (paths on the server)",
+        "summary": "SFT of a causal LM on export-sft data (names in STATE_DIR/models and /datasets)",
         "value": {
             "type": "sft",
-            "model": "models/tiny-lm",
-            "dataset": "ft_data/crafter_sft.jsonl",
+            "model": "tiny-lm",
+            "dataset": "crafter_sft.jsonl",
             "model_name": "my_sft",
         },
     },
@@ -82,7 +82,7 @@ TRAIN_EXAMPLES = {
         "summary": "GRPO of a causal LM against this task app, sampling from serve-model",
         "value": {
             "type": "rl",
-            "model": "models/tiny-lm",
+            "model": "tiny-lm",
             "model_server_url": "http://127.0.0.1:8001",
             "model_name": "my_rl",
         },
@@ -144,6 +144,8 @@ async def train(
         raise CapacityExceeded(str(exc), code="too_many_jobs", headers={"Retry-After": "5"}) from None
     except ModelNameTaken as exc:
         raise Conflict(str(exc), code="model_exists") from None
+    except JobConfigRefused as exc:
+        raise Unprocessable(str(exc), code="invalid_job_config") from None
     return TrainResponse(
         job_id=job.job_id,
         message="Training started",
