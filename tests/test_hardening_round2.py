@@ -1,6 +1,6 @@
 """Regression tests for the second adversarial probe (issue 16): each defect as the probe found it,
 on loopback, against the fake inference server or a misbehaving server of the test's own.
-The sibling search and the figures are in docs/reliability.md ("Hardening, round 2")."""
+The sibling search and the figures are in docs/reliability.md ("An adversarial probe, kept as tests")."""
 
 from __future__ import annotations
 
