@@ -57,7 +57,8 @@ def fake(module_fake: FakeInferenceServer) -> FakeInferenceServer:
 
 # ------------------------------------------------------------- served through Ray
 
-SERVINGS = ("embedded", "ray")
+# Embedded, and through a local Ray cluster; the Ray half is outside the inner loop (`slow`).
+SERVINGS = (pytest.param("embedded"), pytest.param("ray", marks=pytest.mark.slow))
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -66,9 +67,36 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """A module marked ``through_ray`` runs every test that starts a server twice: embedded,
-    and with the front of a local Ray cluster of two hosts (one cluster for the session)."""
+    and with the front of a local Ray cluster of two hosts (one cluster for the session). The
+    Ray half is ``slow``: the inner loop (``pytest -m "not slow"``) serves embedded only."""
     if metafunc.definition.get_closest_marker("through_ray") and "serving" in metafunc.fixturenames:
         metafunc.parametrize("serving", SERVINGS, indirect=True)
+
+
+# Whole modules outside the inner loop: each starts a real vLLM, a browser, a Ray cluster of its
+# own, or soaks the server for tens of seconds. They run in the whole suite (and in CI).
+SLOW_MODULES = frozenset(
+    {
+        "test_vllm_service.py",  # real vLLM (CPU build) in its own venv
+        "test_vllm_parity.py",
+        "test_viewer_browser.py",  # Chromium
+        "test_ray.py",  # Ray clusters of several nodes
+        "test_openenv_ray.py",
+        "test_hardening_fuzz.py",  # schemathesis over every route
+        "test_hardening_leaks.py",
+        "test_hardening_load.py",
+        "test_hardening_crash.py",
+        "test_bench.py",  # the benchmark's own smoke runs
+        "test_bench_train.py",
+        "test_trl.py",  # TRL's GRPOTrainer training against the task app
+    }
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.name in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture

@@ -152,6 +152,7 @@ def test_babyai_actions_answer_like_agentgym() -> None:
 
 
 @pytest.mark.parametrize("level", range(0, 16))
+@pytest.mark.slow
 def test_babyai_bot_solves_the_goto_and_open_levels(level: int) -> None:
     result = play_oracle(BabyAIEnv.create({"oracle": True}, level))
     assert result.done and result.info["success"] and 0.5 < result.info["score"] <= 1.0
@@ -238,6 +239,7 @@ def test_sciworld_task_list_matches_the_simulator() -> None:
     assert not {t.task_id for t in TASKS} & EXCLUDED
 
 
+@pytest.mark.slow
 def test_sciworld_gold_path_scores_100_and_step_limit_ends() -> None:
     result = play_oracle(SciWorldEnv.create({"oracle": True}, 0), 100)
     assert result.done and result.info["success"] and result.info["score"] == 100.0
@@ -255,6 +257,7 @@ def test_sciworld_gold_path_scores_100_and_step_limit_ends() -> None:
         SciWorldEnv.create({}, len(TASKS))
 
 
+@pytest.mark.slow
 def test_env_bench_smoke_reports_every_env() -> None:
     from tools.bench.envs import run_env_bench
 

@@ -49,6 +49,7 @@ def sessions_visible(db: Path) -> set[str]:
         conn.close()
 
 
+@pytest.mark.slow
 def test_trace_dir_db_survives_kill_9_with_every_finished_rollout(
     serve: Callable[..., Served], tmp_path: Path
 ) -> None:
@@ -95,6 +96,7 @@ def test_trace_dir_db_survives_kill_9_with_every_finished_rollout(
         assert writer["closed_at"] is None and writer["written"] == len(present)  # the crash shows
 
 
+@pytest.mark.slow
 def test_trace_db_appends_across_server_runs_and_flushes_on_shutdown(
     serve: Callable[..., Served], tmp_path: Path
 ) -> None:
@@ -114,6 +116,7 @@ def test_trace_db_appends_across_server_runs_and_flushes_on_shutdown(
         assert all(w["closed_at"] is not None for w in writers)
 
 
+@pytest.mark.slow
 def test_reload_hands_settings_to_the_child(serve: Callable[..., Served], tmp_path: Path) -> None:
     served = serve("--reload", "--trace", "traces")
     (db,) = (tmp_path / "traces").glob("task_app_traces_*.db")

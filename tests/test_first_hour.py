@@ -147,6 +147,7 @@ def shell(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shell]:
     sh.stop()
 
 
+@pytest.mark.slow
 def test_the_readme_workflow_yields_sft_data_and_an_evaluation(shell: Shell) -> None:
     _, _, rollout, export, evaluate = workflow_commands()
     done = shell.run(rollout)

@@ -139,6 +139,7 @@ def collect_files(root: Path) -> Iterator[tuple[str, str]]:
             yield str(path), data.decode("latin-1")
 
 
+@pytest.mark.slow
 def test_no_key_in_any_response_log_trace_or_snapshot(tmp_path: Path) -> None:
     """A real server process logging at debug level: exercise every route with right and wrong
     keys, with an inference server that rejects the keys it is sent and echoes a prefix of each

@@ -206,6 +206,7 @@ def test_cors_allows_the_configured_origins(start_server: Callable[..., ServerTh
 # ------------------------------------------------------------- 2. the client pool's growth
 
 
+@pytest.mark.slow
 def test_policy_config_churn_keeps_memory_bounded(tmp_path: Path, fake_llm: FakeInferenceServer) -> None:
     """create/step/terminate with a different ``timeout_s`` each time, on a real server process:
     RSS stays flat (before the fix each cycle kept a client and its transport, about 0.8 MB)."""
@@ -420,6 +421,7 @@ def peak_rss_mb(pid: int) -> float:
     return rss_mb(pid)
 
 
+@pytest.mark.slow
 def test_a_tar_bomb_is_refused_before_it_is_inflated(tmp_path: Path) -> None:
     state = tmp_path / "state"
     service = start_service(
@@ -554,6 +556,7 @@ def test_deep_nesting_is_refused_where_it_enters(
 # ------------------------------------------------- 10. the Ray front's router before the app
 
 
+@pytest.mark.slow
 def test_the_ray_router_never_answers_500(
     serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -583,6 +586,7 @@ def test_the_ray_router_never_answers_500(
 # ------------------------------------------------------------- 11. secrets in logs and /info
 
 
+@pytest.mark.slow
 def test_no_secret_in_the_access_log_or_info(tmp_path: Path, fake_llm: FakeInferenceServer) -> None:
     env_key = "sk-env-key-in-query-0123456789abcdef"
     password = "vllm-pass-9f8e7d6c5b4a"

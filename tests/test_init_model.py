@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from grpo_service.cli import app
 from training.llm.model import load
 
 
+@pytest.mark.slow
 def test_init_model_makes_a_qwen3_that_trl_recognises(tmp_path: Path) -> None:
     from trl.chat_template_utils import add_response_schema, qwen3_chat_template
 

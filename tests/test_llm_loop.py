@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -94,6 +95,7 @@ def wait_for_sessions(db: Path, n: int) -> None:
     raise AssertionError(f"fewer than {n} sessions in {db}")
 
 
+@pytest.mark.slow
 def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     db = tmp_path / "traces.db"

@@ -159,6 +159,7 @@ def test_config_errors_name_the_field(tmp_path: Path) -> None:
         load_config(SFTConfig, bad, "sft")
 
 
+@pytest.mark.slow
 def test_an_sft_job_through_the_job_api(setup, start_server, tmp_path: Path) -> None:
     """``POST /train {"type": "sft"}`` runs the same trainer in a job process, writes the run under
     the state directory's ``models/<model_name>/`` and reports its steps; a missing model is a 4xx."""

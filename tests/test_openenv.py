@@ -101,6 +101,7 @@ def test_every_registered_env_is_served() -> None:
     assert set(ENVS) == set(ENVIRONMENTS)
 
 
+@pytest.mark.slow
 def test_generic_client_plays_a_whole_episode_of_every_env(report: dict[str, Any]) -> None:
     for name, episode in report["generic"].items():
         assert episode["done"], name

@@ -65,6 +65,7 @@ def test_mcp_needs_the_key_and_the_documents_do_not(base: str) -> None:
             assert http.get(path).status_code == 200, path
 
 
+@pytest.mark.slow
 def test_openenv_client_sends_the_key_through_headers(base: str) -> None:
     driver = OpenEnvDriver()
     try:

@@ -80,6 +80,7 @@ def test_short_job_end_to_end(api: tuple[httpx.Client, Path]) -> None:
     assert client.post("/inference", json={"model_name": "t1", "observation": obs}).status_code == 404
 
 
+@pytest.mark.slow
 def test_stop_within_a_second_keeps_the_checkpoint_and_jobs_are_bounded(
     api: tuple[httpx.Client, Path],
 ) -> None:
@@ -212,6 +213,7 @@ def test_cli_train_then_jobs(tmp_path: Path, start_server: Callable[..., ServerT
     assert listed.exit_code == 0 and '"jobs": []' in listed.output
 
 
+@pytest.mark.slow
 def test_a_stop_right_after_train_is_recorded_stopped(api: tuple[httpx.Client, Path]) -> None:
     """Stopped while its process is still starting (importing torch), a job is ``stopped``, not
     ``failed`` with the exit code of the terminated process."""
