@@ -28,7 +28,7 @@ import grpo_service.cli  # noqa: F401  (first: grpo_service.client.eval and the 
 from grpo_service.client.eval import EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from grpo_service.training_api.llm_jobs import TaskAppClient
+from grpo_service.training_api.llm_jobs import TaskAppGroups
 from tests.test_llm_loop import wait_for_runs
 from tests.vllm_helpers import SERVED, RealVLLM
 from tools.server_thread import ServerThread
@@ -344,7 +344,7 @@ def test_grpo_with_vllm_as_the_sampler(
         kl_coef=0.05,
         save_every=10,
     )
-    result = train_rl(config, task_app=TaskAppClient(server.base_url))
+    result = train_rl(config, task_app=TaskAppGroups(server.base_url))
     rows = [json.loads(x) for x in (tmp_path / "rl" / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in rows if "loss" in r]
     assert len(trained) == 2, rows
