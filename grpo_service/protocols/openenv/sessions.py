@@ -114,13 +114,27 @@ class Sessions:
         return session
 
     def attach(self, session_id: str) -> OpenEnvSession:
-        """A WebSocket takes over session ``session_id`` (one socket at a time)."""
-        session = self.get(session_id)
+        """A WebSocket takes over MCP session ``session_id`` (one socket at a time); a session a
+        WebSocket opened is that socket's alone."""
+        session = self.unowned(session_id)
         if session.socket_attached:
             raise FrameError(
                 ErrorCode.SESSION_ERROR, f"session {session_id} already has a WebSocket attached", fatal=True
             )
         session.socket_attached = True
+        return session
+
+    def unowned(self, session_id: str) -> OpenEnvSession:
+        """Session ``session_id`` for a caller other than a socket that opened it (an attaching
+        socket, MCP by id): ``SESSION_ERROR`` if a WebSocket opened it, which alone plays it."""
+        session = self.get(session_id)
+        if session.socket_owned:
+            raise FrameError(
+                ErrorCode.SESSION_ERROR,
+                f"session {session_id} belongs to the WebSocket that opened it; only MCP sessions "
+                "(openenv/session/create) can be attached to or called by id",
+                fatal=True,
+            )
         return session
 
     async def release(self, session: OpenEnvSession, reason: str) -> None:

@@ -1,0 +1,74 @@
+"""OpenEnv's routes under misuse and as a consumer meets them (uvicorn on 127.0.0.1, one server for
+the module): a socket's own session is that socket's alone; an env is built by the first frame
+that needs one and freed with its socket; invalid actions are observations, not error frames, on
+every env and over MCP; `/schema` is each env's own; the first observation names the actions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from grpo_service import create_app
+from tests.conftest import make_settings
+from tests.test_openenv import ask, eventually, live_env_ids, socket
+from tools.server_thread import ServerThread
+
+MAX_ENVS = 4
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("openenv-hardening")
+    with ServerThread(create_app(make_settings(tmp, max_envs=MAX_ENVS)), name="openenv-hardening") as server:
+        yield server.base_url
+
+
+@pytest.fixture(scope="module")
+def http(base: str) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=base, timeout=30) as client:
+        yield client
+
+
+def rpc(http: httpx.Client, env: str, method: str, **params: Any) -> dict[str, Any]:
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": params}
+    return http.post(f"/openenv/{env}/mcp", json=body).json()
+
+
+# ------------------------------------------------------------------- a socket's session is its own
+
+
+def test_a_second_socket_cannot_take_over_a_sockets_session(base: str, http: httpx.Client) -> None:
+    """Attaching to a session a WebSocket opened (its id is in `state`) is refused, as are MCP's
+    calls and close by that id; the owner plays on and its env lives."""
+    with socket(base) as owner:
+        ask(owner, {"type": "reset", "data": {"seed": 4}})
+        state = ask(owner, {"type": "state"})["data"]
+        session, env_id = state["session_id"], state["env_id"]
+        with connect(f"{base.replace('http', 'ws', 1)}/openenv/crafter/ws?session_id={session}") as thief:
+            error = json.loads(thief.recv(timeout=30))
+            assert error["type"] == "error" and error["data"]["code"] == "SESSION_ERROR", error
+            assert "belongs to the WebSocket" in error["data"]["message"]
+            with pytest.raises(ConnectionClosed):
+                thief.recv(timeout=30)
+        called = rpc(
+            http,
+            "crafter",
+            "tools/call",
+            name="interact_many",
+            arguments={"actions": ["noop"]},
+            session_id=session,
+        )
+        assert called["error"]["code"] == -32602 and called["error"]["data"]["code"] == "SESSION_ERROR"
+        closed = rpc(http, "crafter", "openenv/session/close", session_id=session)
+        assert closed["error"]["code"] == -32602, closed
+        assert env_id in live_env_ids(http)
+        after = ask(owner, {"type": "state"})["data"]
+        assert (after["env_id"], after["step_count"]) == (env_id, 0), "nothing stepped the owner's env"
+        assert ask(owner, {"type": "step", "data": {"action": "noop"}})["type"] == "observation"
+    eventually(lambda: env_id not in live_env_ids(http))
