@@ -72,3 +72,68 @@ def test_a_second_socket_cannot_take_over_a_sockets_session(base: str, http: htt
         assert (after["env_id"], after["step_count"]) == (env_id, 0), "nothing stepped the owner's env"
         assert ask(owner, {"type": "step", "data": {"action": "noop"}})["type"] == "observation"
     eventually(lambda: env_id not in live_env_ids(http))
+
+
+# ------------------------------------------------------------ invalid actions are observations
+
+INVALID: list[Any] = [
+    pytest.param("crafter", {"action": "dance"}, "unknown action 'dance'", id="crafter-name"),
+    pytest.param("crafter", {"tool_calls": [{"tool": "fly", "args": {}}]}, "unknown tool", id="crafter-tool"),
+    pytest.param("crafter", {"action": 99}, "index 99", id="crafter-index"),
+    pytest.param("babyai", {"action": 9}, "primitive actions are 0-6", id="babyai-index"),
+    pytest.param("textcraft", {"action": 3}, "must be a string", id="textcraft-int"),
+    pytest.param("sciworld", {"action": 3}, "must be a string", id="sciworld-int", marks=pytest.mark.slow),
+]
+VALID = {"crafter": "noop", "babyai": "turn left", "textcraft": "inventory", "sciworld": "look around"}
+
+
+@pytest.mark.parametrize(("env", "step", "feedback"), INVALID)
+def test_an_invalid_action_is_an_observation_with_the_envs_feedback(
+    base: str, env: str, step: dict[str, Any], feedback: str
+) -> None:
+    """As AgentGym's servers answer an action their game does not know: the env's message as the
+    observation's text, reward 0, the step counted; the episode goes on (an error frame would end
+    an OpenEnv consumer's episode)."""
+    with socket(base, env) as ws:
+        first = ask(ws, {"type": "reset", "data": {"seed": 1}})["data"]
+        reply = ask(ws, {"type": "step", "data": step})
+        assert reply["type"] == "observation", reply
+        data = reply["data"]
+        assert feedback in data["observation"]["text"] and data["reward"] == 0.0 and data["done"] is False
+        assert data["metadata"]["info"]["invalid_action"] == data["observation"]["text"]
+        assert data["metadata"]["step_idx"] == first["metadata"]["step_idx"], "no game step was taken"
+        assert ask(ws, {"type": "state"})["data"]["step_count"] == 1
+        played = ask(ws, {"type": "step", "data": {"action": VALID[env]}})["data"]
+        assert "invalid_action" not in played["metadata"]["info"]
+        assert ask(ws, {"type": "state"})["data"]["step_count"] == 2
+
+
+def test_an_invalid_tool_call_over_mcp_is_a_tool_error_with_the_feedback(
+    base: str, http: httpx.Client
+) -> None:
+    """MCP agrees with the socket: the refused call's result is MCP's tool error (``isError``), its
+    content the env's message, its data the observation (reward 0); a ``call_tool`` frame too."""
+    session = rpc(http, "crafter", "openenv/session/create", seed=2)["result"]["session_id"]
+    try:
+        called = rpc(
+            http,
+            "crafter",
+            "tools/call",
+            name="interact_many",
+            arguments={"actions": ["fly"]},
+            session_id=session,
+        )["result"]
+        assert called["isError"] is True and "unknown action 'fly'" in called["content"][0]["text"]
+        assert (
+            called["data"]["reward"] == 0.0
+            and called["data"]["observation"]["text"] == called["content"][0]["text"]
+        )
+        with socket(base) as ws:
+            ask(ws, {"type": "reset", "data": {"seed": 2}})
+            frame = ask(ws, {"type": "call_tool", "tool_name": "fly", "arguments": {}})
+            assert frame["type"] == "observation" and frame["data"]["observation"]["error"] is None
+            assert (
+                frame["data"]["observation"]["result"]["isError"] is True and frame["data"]["reward"] == 0.0
+            )
+    finally:
+        rpc(http, "crafter", "openenv/session/close", session_id=session)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from envs.base import Environment, StepResult, environment_class
-from envs.errors import InvalidConfig, PluginError
+from envs.errors import InvalidAction, InvalidConfig, PluginError
 from grpo_service.api.services import Services
 from grpo_service.core.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
@@ -251,15 +251,23 @@ class Sessions:
     # ------------------------------------------------------------------------------- internals
 
     async def _step(self, session: OpenEnvSession, args: dict[str, Any]) -> dict[str, Any]:
+        """One step; an action or tool call the env refuses is answered, not raised: the env's
+        current observation with the env's message as its text, reward 0, counted as a step (as
+        AgentGym's servers answer an action their game does not know)."""
         handle = self._handle(session)
         before = handle.last.observation if handle.last is not None else {}
-        started = time.perf_counter()
-        result = await self._call(self.services.envs.step(handle.id, **args))
-        env_ms = (time.perf_counter() - started) * 1000
-        session.step_count += 1
         tool_calls = args.get("tool_calls") or as_tool_calls(
             environment_class(self.env_name), args["actions"]
         )
+        started = time.perf_counter()
+        try:
+            result = await self._call(self.services.envs.step(handle.id, **args))
+        except InvalidAction as exc:
+            session.step_count += 1
+            session.recorder.record_invalid(before, tool_calls, str(exc))
+            return self.observation(session, refusal(handle.last, str(exc)), 0.0)
+        env_ms = (time.perf_counter() - started) * 1000
+        session.step_count += 1
         session.recorder.record(before, tool_calls, result, env_ms)
         if result.done:
             self._submit(session, "episode_done")
@@ -332,6 +340,8 @@ class Sessions:
             ) from None
         except (InvalidConfig, Unprocessable) as exc:
             raise FrameError(ErrorCode.VALIDATION_ERROR, _message(exc)) from None
+        except InvalidAction:
+            raise  # a step answers it (`refusal`)
         except (PluginError, ServiceError) as exc:
             raise FrameError(ErrorCode.EXECUTION_ERROR, _message(exc)) from None
 
@@ -367,11 +377,28 @@ def as_tool_calls(cls: type[Environment], actions: list[Any]) -> list[dict[str, 
     return [{"tool": function["name"], "args": {"action": action}} for action in actions]
 
 
+def refusal(last: StepResult | None, message: str) -> StepResult:
+    """What a step the env refused answers: the env's current observation with the env's
+    ``message`` as its text (the structured fields unchanged), reward 0, nothing executed;
+    ``info.invalid_action`` holds the message."""
+    observation = {**(last.observation if last is not None else {}), "text": message}
+    return StepResult(
+        observation=observation,
+        reward=0.0,
+        done=bool(last and last.done),
+        truncated=bool(last and last.truncated),
+        info={"invalid_action": message, "actions_executed": 0},
+        step_idx=last.step_idx if last is not None else 0,
+    )
+
+
 def tool_result(data: dict[str, Any]) -> dict[str, Any]:
     """An MCP ``tools/call`` result: the observation's text as content, and OpenEnv's ``data``
-    (what `MCPToolClient.call_tool` returns): the step's observation frame data."""
+    (what `MCPToolClient.call_tool` returns): the step's observation frame data. A call the env
+    refused is MCP's tool error (``isError``), its message the content the model reads."""
     text = data["observation"].get("text", "")
-    return {"content": [{"type": "text", "text": str(text)}], "isError": False, "data": data}
+    refused = "invalid_action" in data["metadata"]["info"]
+    return {"content": [{"type": "text", "text": str(text)}], "isError": refused, "data": data}
 
 
 def _message(exc: BaseException) -> str:
