@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,6 +16,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from grpo_service import create_app
+from grpo_service.tracing import TraceReader
 from tests.conftest import make_settings
 from tests.test_openenv import ask, eventually, live_env_ids, socket
 from tools.server_thread import ServerThread
@@ -23,9 +25,15 @@ MAX_ENVS = 4
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def trace_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("openenv-hardening-traces") / "traces.db"
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory: pytest.TempPathFactory, trace_db: Path) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("openenv-hardening")
-    with ServerThread(create_app(make_settings(tmp, max_envs=MAX_ENVS)), name="openenv-hardening") as server:
+    settings = make_settings(tmp, max_envs=MAX_ENVS, trace_db=trace_db)
+    with ServerThread(create_app(settings), name="openenv-hardening") as server:
         yield server.base_url
 
 
@@ -137,3 +145,24 @@ def test_an_invalid_tool_call_over_mcp_is_a_tool_error_with_the_feedback(
             )
     finally:
         rpc(http, "crafter", "openenv/session/close", session_id=session)
+
+
+def test_an_invalid_turn_is_traced_and_the_episode_replays(
+    base: str, http: httpx.Client, trace_db: Path
+) -> None:
+    with socket(base) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 6, "episode_id": "with-invalid-turn"}})
+        ask(ws, {"type": "step", "data": {"action": "dance"}})
+        ask(ws, {"type": "step", "data": {"action": "move_left"}})
+
+    def traced() -> list[dict[str, Any]]:
+        with TraceReader(trace_db) as reader:
+            return [
+                s for s in reader.sessions() if s["policy_config"].get("episode_id") == "with-invalid-turn"
+            ]
+
+    eventually(lambda: bool(traced()))
+    session = traced()[0]
+    assert session["num_turns"] == 2
+    replay = http.get(f"/viewer/api/rollouts/{session['session_id']}/replay").json()
+    assert replay["available"] and replay["divergence"] is None, replay
