@@ -213,7 +213,7 @@ def test_a_dropped_socket_removes_its_env(base: str, http: httpx.Client) -> None
 
 def test_a_config_reset_rebuilds_the_env(base: str, http: httpx.Client) -> None:
     with socket(base) as ws:
-        first = ask(ws, {"type": "state"})["data"]["env_id"]
+        first = ask(ws, {"type": "reset", "data": {"seed": 1}})["data"]["metadata"]["env_id"]
         reply = ask(ws, {"type": "reset", "data": {"seed": 1, "max_steps": 3}})["data"]
         assert reply["observation"]["text"].startswith("Step 0/3")
         second = ask(ws, {"type": "state"})["data"]["env_id"]
@@ -223,7 +223,7 @@ def test_a_config_reset_rebuilds_the_env(base: str, http: httpx.Client) -> None:
 def test_capacity_reached(driver: OpenEnvDriver, base: str, http: httpx.Client) -> None:
     with contextlib.ExitStack() as fillers:
         while len(http.get("/env/list").json()["envs"]) < MAX_ENVS:
-            ask(fillers.enter_context(socket(base)), {"type": "state"})
+            ask(fillers.enter_context(socket(base)), {"type": "reset"})
         with socket(base) as refused:
             error = json.loads(refused.recv(timeout=30))
             assert error["type"] == "error" and error["data"]["code"] == "CAPACITY_REACHED"
@@ -239,7 +239,7 @@ def test_capacity_reached(driver: OpenEnvDriver, base: str, http: httpx.Client) 
 
 def test_a_terminated_env_ends_the_session(base: str, http: httpx.Client) -> None:
     with socket(base) as ws:
-        env_id = ask(ws, {"type": "state"})["data"]["env_id"]
+        env_id = ask(ws, {"type": "reset"})["data"]["metadata"]["env_id"]
         assert http.post("/env/terminate", json={"env_id": env_id}).json()["existed"]
         error = ask(ws, {"type": "step", "data": {"action": "noop"}})
         assert error["data"]["code"] == "SESSION_ERROR" and "gone" in error["data"]["message"]

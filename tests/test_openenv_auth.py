@@ -87,3 +87,14 @@ def test_an_idle_session_is_reaped_and_told(base: str) -> None:
             ws.recv(timeout=30)
     with httpx.Client(base_url=base, timeout=30, headers={"X-API-Key": KEY}) as http:
         assert env_id not in {e["env_id"] for e in http.get("/env/list").json()["envs"]}
+
+
+def test_a_silent_socket_is_closed_after_the_idle_ttl(base: str) -> None:
+    """A socket that never resets or steps holds no env, and is not kept: after the idle TTL it is
+    told so and closed."""
+    with connect(ws_url(base), additional_headers={"X-API-Key": KEY}, open_timeout=30) as ws:
+        assert ask(ws, {"type": "state"})["data"]["env_id"] is None
+        error = json.loads(ws.recv(timeout=30))
+        assert error["data"]["code"] == "SESSION_ERROR" and "no reset or step" in error["data"]["message"]
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)

@@ -5,6 +5,7 @@ every env and over MCP; `/schema` is each env's own; the first observation names
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -80,6 +81,51 @@ def test_a_second_socket_cannot_take_over_a_sockets_session(base: str, http: htt
         assert (after["env_id"], after["step_count"]) == (env_id, 0), "nothing stepped the owner's env"
         assert ask(owner, {"type": "step", "data": {"action": "noop"}})["type"] == "observation"
     eventually(lambda: env_id not in live_env_ids(http))
+
+
+# ------------------------------------------------------------- an env only for a socket that plays
+
+
+def openenv_envs(http: httpx.Client) -> set[str]:
+    return {e["env_id"] for e in http.get("/env/list").json()["envs"] if e["rl_run_id"] == "openenv"}
+
+
+def test_a_silent_socket_holds_no_env_and_its_first_step_builds_one(base: str, http: httpx.Client) -> None:
+    """Sockets that send nothing (or only `state` and `list_tools`) hold no env and do not count
+    against MAX_ENVS: more of them than MAX_ENVS are all accepted. The first reset or step builds
+    the env; the socket's end frees it."""
+    eventually(lambda: not openenv_envs(http))
+    with contextlib.ExitStack() as silent:
+        sockets = [silent.enter_context(socket(base)) for _ in range(MAX_ENVS + 2)]
+        state = ask(sockets[0], {"type": "state"})["data"]
+        assert state["env_id"] is None and state["step_count"] == 0 and state["session_id"]
+        assert ask(sockets[1], {"type": "list_tools"})["data"]["observation"]["tools"]
+        assert not openenv_envs(http), "no env for a socket that has not played"
+        stepped = ask(sockets[2], {"type": "step", "data": {"action": "noop"}})["data"]
+        reset = ask(sockets[3], {"type": "reset", "data": {"seed": 3, "max_steps": 5}})["data"]
+        assert reset["observation"]["text"].startswith("Step 0/5"), (
+            "the first env is built with the reset's config"
+        )
+        built = {stepped["metadata"]["env_id"], reset["metadata"]["env_id"]}
+        assert openenv_envs(http) == built
+        assert ask(sockets[2], {"type": "state"})["data"]["step_count"] == 1
+    eventually(lambda: not openenv_envs(http))
+
+
+def test_a_socket_that_finds_the_service_full_at_its_first_reset_gets_capacity_reached(
+    base: str, http: httpx.Client
+) -> None:
+    with contextlib.ExitStack() as stack:
+        late = stack.enter_context(socket(base))  # accepted: there was room
+        for _ in range(MAX_ENVS - len(live_env_ids(http))):
+            assert ask(stack.enter_context(socket(base)), {"type": "reset"})["type"] == "observation"
+        error = ask(late, {"type": "reset", "data": {"seed": 1}})
+        assert error["type"] == "error" and error["data"]["code"] == "CAPACITY_REACHED", error
+        assert error["data"]["active_sessions"] == error["data"]["max_sessions"] == MAX_ENVS
+        with pytest.raises(ConnectionClosed):
+            late.recv(timeout=30)
+        assert late.close_code == 1013
+    eventually(lambda: not openenv_envs(http))
 
 
 # ------------------------------------------------------------ invalid actions are observations

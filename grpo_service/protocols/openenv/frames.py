@@ -95,8 +95,9 @@ class State(BaseModel):
 
     episode_id: str | None = Field(description="The reset's `episode_id` (or a generated one).")
     step_count: int = Field(ge=0, description="Step frames (and tool calls) since the reset.")
-    env_id: str = Field(
-        description="The service's env: /env/snapshot, /branch, /env/list and /rollout take this id."
+    env_id: str | None = Field(
+        description="The service's env: /env/snapshot, /branch, /env/list and /rollout take this id "
+        "(null until the socket's first reset or step builds it)."
     )
     env_name: str = Field(description="The environment plug-in.")
     session_id: str = Field(description="This session (MCP's `session_id`).")
