@@ -12,10 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
+from envs.base import ENVIRONMENTS
+from envs.crafter.actions import ACTIONS
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
 from tests.conftest import make_settings
@@ -212,3 +215,53 @@ def test_an_invalid_turn_is_traced_and_the_episode_replays(
     assert session["num_turns"] == 2
     replay = http.get(f"/viewer/api/rollouts/{session['session_id']}/replay").json()
     assert replay["available"] and replay["divergence"] is None, replay
+
+
+# ---------------------------------------------------------------------- each env's own schemas
+
+# What a consumer needs to turn a model's reply into each env's action: the vocabulary, in /schema.
+VOCABULARY = {
+    "textcraft": ["get N item", "craft N item using N item, ...", "inventory"],
+    "babyai": ["go to <obj> <id>", "toggle and go through <door> <id>", "check available actions"],
+    "sciworld": ["focus on OBJ", "look around", "pour OBJ into OBJ"],
+}
+
+
+@pytest.mark.parametrize("env", sorted(ENVIRONMENTS))
+def test_schema_publishes_the_envs_own_action_observation_and_state(http: httpx.Client, env: str) -> None:
+    schema = http.get(f"/openenv/{env}/schema").json()
+    title = ENVIRONMENTS[env].__name__.removesuffix("Env")
+    action = schema["action"]
+    assert action["title"] == f"{title}Action" and action["required"] == ["action"]
+    assert action["examples"] and all(jsonschema.validate(e, action) is None for e in action["examples"])
+    field = action["properties"]["action"]
+    if env == "crafter":
+        assert field["enum"] == list(ACTIONS)
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({"action": "dance"}, action)
+    else:
+        assert all(f'"{form}"' in field["description"] for form in VOCABULARY[env]), field
+    if env == "babyai":
+        assert {"type": "integer", "minimum": 0, "maximum": 6}.items() <= field["anyOf"][1].items()
+    assert schema["observation"]["title"] == f"{title}Observation"
+    assert {"text", *ENVIRONMENTS[env].observation_model.model_fields} <= set(
+        schema["observation"]["properties"]
+    )
+    assert schema["state"]["title"] == f"{title}State"
+    assert schema["state"]["properties"]["env_name"]["const"] == env
+
+
+@pytest.mark.parametrize("env", ["crafter", "textcraft", "babyai"])
+def test_what_an_env_answers_validates_against_its_schema(base: str, http: httpx.Client, env: str) -> None:
+    schema = http.get(f"/openenv/{env}/schema").json()
+    step = schema["action"]["examples"][0]
+    jsonschema.validate(step, schema["action"])
+    with socket(base, env) as ws:
+        reset = ask(
+            ws, {"type": "reset", "data": {"seed": 2, "oracle": True} if env != "crafter" else {"seed": 2}}
+        )
+        jsonschema.validate(reset["data"]["observation"], schema["reset_observation"])
+        for frame in ({"action": 99}, step):  # refused, then played: both observations
+            stepped = ask(ws, {"type": "step", "data": frame})
+            jsonschema.validate(stepped["data"]["observation"], schema["observation"])
+        jsonschema.validate(ask(ws, {"type": "state"})["data"], schema["state"])

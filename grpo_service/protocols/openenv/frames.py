@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from fastapi.encoders import jsonable_encoder
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
+from envs.base import Environment
 from grpo_service.models import RunId, Seed
 
 
@@ -120,12 +121,46 @@ class Metadata(BaseModel):
 
 
 class Schemas(BaseModel):
-    """``GET /schema``: JSON schemas of a step's data, an observation and a state."""
+    """``GET /schema``: JSON schemas of the env's own action (a step's data), observation (a reset's
+    too) and state, as OpenEnv publishes an env's classes."""
 
-    action: dict[str, Any]
-    observation: dict[str, Any]
-    state: dict[str, Any]
-    reset_observation: dict[str, Any] | None = None
+    action: dict[str, Any] = Field(description="A step's data: `action`, one action as a model writes it.")
+    observation: dict[str, Any] = Field(description="An observation frame's `observation`.")
+    state: dict[str, Any] = Field(description="A state frame's data.")
+    reset_observation: dict[str, Any] | None = Field(default=None, description="A reset's `observation`.")
+
+
+def env_schemas(cls: type[Environment]) -> Schemas:
+    """The `Schemas` of environment ``cls``: its action (the field it needs required, its
+    vocabulary, its examples), its observation's fields and its state."""
+    title = cls.__name__.removesuffix("Env")
+    action = {
+        "title": f"{title}Action",
+        "description": f"One step of {cls.name}: `action`, one action as a model writes it. A step "
+        "frame takes `actions` (a list run in order) or `tool_calls` instead of it, too.",
+        "type": "object",
+        "properties": {
+            "action": cls.action_schema(),
+            "metadata": {
+                "type": "object",
+                "description": "Accepted and ignored (every OpenEnv Action has it).",
+            },
+        },
+        "required": ["action"],
+        "examples": [{"action": example} for example in cls.action_examples],
+    }
+    doc = f"A {cls.name} observation: `text`, the env's fields, and OpenEnv's `metadata`, `done`, `reward`."
+    observation = type(f"{title}Observation", (Observation, cls.observation_model), {"__doc__": doc})
+    env_name = (Literal[cls.name], Field(description="The environment plug-in."))  # type: ignore[valid-type]
+    state = create_model(
+        f"{title}State", __base__=State, __doc__=f"A {cls.name} session's state.", env_name=env_name
+    )
+    return Schemas(
+        action=action,
+        observation=observation.model_json_schema(),
+        state=state.model_json_schema(),
+        reset_observation=observation.model_json_schema(),
+    )
 
 
 class HealthStatus(BaseModel):
