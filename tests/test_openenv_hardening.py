@@ -247,6 +247,7 @@ def test_schema_publishes_the_envs_own_action_observation_and_state(http: httpx.
     assert {"text", *ENVIRONMENTS[env].observation_model.model_fields} <= set(
         schema["observation"]["properties"]
     )
+    assert "vocabulary" in schema["reset_observation"]["required"]
     assert schema["state"]["title"] == f"{title}State"
     assert schema["state"]["properties"]["env_name"]["const"] == env
 
@@ -265,3 +266,21 @@ def test_what_an_env_answers_validates_against_its_schema(base: str, http: httpx
             stepped = ask(ws, {"type": "step", "data": frame})
             jsonschema.validate(stepped["data"]["observation"], schema["observation"])
         jsonschema.validate(ask(ws, {"type": "state"})["data"], schema["state"])
+
+
+# ------------------------------------------------------------ the model is told the actions
+
+FIRST_WORDS = {"crafter": '"make_iron_sword"', "textcraft": '"get N item"', "babyai": '"go to <obj> <id>"'}
+
+
+@pytest.mark.parametrize("env", sorted(FIRST_WORDS))
+def test_the_first_observation_names_the_actions(base: str, env: str) -> None:
+    """What a consumer shows its model first (the reset's `text`) ends with the env's vocabulary,
+    also given as `vocabulary`; later observations are the env's own."""
+    with socket(base, env) as ws:
+        observation = ask(ws, {"type": "reset", "data": {"seed": 1}})["data"]["observation"]
+        vocabulary = observation["vocabulary"]
+        assert vocabulary == ENVIRONMENTS[env].vocabulary() and FIRST_WORDS[env] in vocabulary
+        assert observation["text"].endswith("\n\n" + vocabulary)
+        step = ask(ws, {"type": "step", "data": {"action": VALID[env]}})["data"]["observation"]
+        assert "vocabulary" not in step and not step["text"].endswith(vocabulary)

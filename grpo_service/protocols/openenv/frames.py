@@ -121,13 +121,19 @@ class Metadata(BaseModel):
 
 
 class Schemas(BaseModel):
-    """``GET /schema``: JSON schemas of the env's own action (a step's data), observation (a reset's
-    too) and state, as OpenEnv publishes an env's classes."""
+    """``GET /schema``: JSON schemas of the env's own action (a step's data), observation (and the
+    reset's, which adds the env's ``vocabulary``) and state, as OpenEnv publishes an env's classes."""
 
     action: dict[str, Any] = Field(description="A step's data: `action`, one action as a model writes it.")
     observation: dict[str, Any] = Field(description="An observation frame's `observation`.")
     state: dict[str, Any] = Field(description="A state frame's data.")
     reset_observation: dict[str, Any] | None = Field(default=None, description="A reset's `observation`.")
+
+
+class ResetObservation(Observation):
+    vocabulary: str = Field(
+        description="The actions this env takes, as a model is told of them; the reset's `text` ends with it."
+    )
 
 
 def env_schemas(cls: type[Environment]) -> Schemas:
@@ -151,6 +157,7 @@ def env_schemas(cls: type[Environment]) -> Schemas:
     }
     doc = f"A {cls.name} observation: `text`, the env's fields, and OpenEnv's `metadata`, `done`, `reward`."
     observation = type(f"{title}Observation", (Observation, cls.observation_model), {"__doc__": doc})
+    reset = type(f"{title}ResetObservation", (ResetObservation, cls.observation_model), {"__doc__": doc})
     env_name = (Literal[cls.name], Field(description="The environment plug-in."))  # type: ignore[valid-type]
     state = create_model(
         f"{title}State", __base__=State, __doc__=f"A {cls.name} session's state.", env_name=env_name
@@ -159,7 +166,7 @@ def env_schemas(cls: type[Environment]) -> Schemas:
         action=action,
         observation=observation.model_json_schema(),
         state=state.model_json_schema(),
-        reset_observation=observation.model_json_schema(),
+        reset_observation=reset.model_json_schema(),
     )
 
 

@@ -211,7 +211,7 @@ class Sessions:
         session.episode_id = options.episode_id or uuid.uuid4().hex
         session.step_count = 0
         session.recorder = self._recorder(handle, handle.rl_run_id, session.episode_id)
-        return self.observation(session, result, None)
+        return self.first_observation(session, result)
 
     async def step(self, session: OpenEnvSession, data: dict[str, Any] | None) -> dict[str, Any]:
         data = dict(data or {})
@@ -283,6 +283,16 @@ class Sessions:
             "done": result.done,
             "metadata": metadata,
         }
+
+    def first_observation(self, session: OpenEnvSession, result: StepResult) -> dict[str, Any]:
+        """A reset's observation frame data: what the model sees first names the env's actions
+        (its ``text`` ends with the env's vocabulary, also given as ``vocabulary``)."""
+        data = self.observation(session, result, None)
+        vocabulary = environment_class(self.env_name).vocabulary()
+        observation = data["observation"]
+        observation["text"] = f"{observation.get('text', '')}\n\n{vocabulary}"
+        observation["vocabulary"] = vocabulary
+        return data
 
     # ------------------------------------------------------------------------------- internals
 
