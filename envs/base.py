@@ -51,6 +51,20 @@ class StepResult:
     info: dict[str, Any]
     step_idx: int
 
+    def refusal(self, message: str) -> StepResult:
+        """The answer to an action the env refused (`InvalidAction`) after this result, as
+        AgentGym's servers answer an action their game does not know: this observation with the
+        env's ``message`` as its text, reward 0, nothing executed; ``info["invalid_action"]``
+        holds the message."""
+        return StepResult(
+            observation={**self.observation, "text": message},
+            reward=0.0,
+            done=self.done,
+            truncated=self.truncated,
+            info={"invalid_action": message, "actions_executed": 0},
+            step_idx=self.step_idx,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:

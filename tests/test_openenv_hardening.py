@@ -284,3 +284,30 @@ def test_the_first_observation_names_the_actions(base: str, env: str) -> None:
         assert observation["text"].endswith("\n\n" + vocabulary)
         step = ask(ws, {"type": "step", "data": {"action": VALID[env]}})["data"]["observation"]
         assert "vocabulary" not in step and not step["text"].endswith(vocabulary)
+
+
+@pytest.mark.parametrize("env", ["textcraft", "babyai"])
+def test_agentgym_and_openenv_answer_a_refused_action_alike(base: str, http: httpx.Client, env: str) -> None:
+    """An action longer than any command, the one string a text game refuses: AgentGym's surface
+    answers it in the game's shape with the env's message (its client reads `observation`; an
+    `{"error"}` would crash it), as the OpenEnv socket does; the game goes on."""
+    action = "craft " * 100
+    prefix = f"/agentgym/{env}"
+    if env == "textcraft":
+        idx = http.post(f"{prefix}/create", json={}).json()["id"]
+    else:
+        idx = http.post(f"{prefix}/create").json()["id"]
+        http.post(f"{prefix}/reset", json={"id": idx, "data_idx": 1})
+    try:
+        reply = http.post(f"{prefix}/step", json={"id": idx, "action": action}).json()
+        assert "error" not in reply and reply["reward"] == 0 and reply["done"] is False, reply
+        with socket(base, env) as ws:
+            ask(ws, {"type": "reset", "data": {"seed": 1}})
+            over_openenv = ask(ws, {"type": "step", "data": {"action": action}})["data"]["observation"][
+                "text"
+            ]
+        assert reply["observation"] == over_openenv and "longer than" in over_openenv
+        again = http.post(f"{prefix}/step", json={"id": idx, "action": VALID[env]}).json()
+        assert "error" not in again and again["observation"] != reply["observation"]
+    finally:
+        http.post(f"{prefix}/close", json={"id": idx})

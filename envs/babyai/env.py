@@ -133,8 +133,10 @@ class BabyAIEnv(TextGameEnv[BabyAIConfig]):
                         f"action {i}: primitive actions are 0-{len(PRIMITIVES) - 1} "
                         f"({', '.join(PRIMITIVES)}), got {action}"
                     )
-            elif not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
+            elif not isinstance(action, str):
                 raise InvalidAction(f"action {i} must be a text action or a primitive index 0-6")
+            elif len(action) > MAX_ACTION_CHARS:
+                raise InvalidAction(f"action {i} is longer than {MAX_ACTION_CHARS} characters")
         return list(actions)
 
     def _act(self, action: Any) -> tuple[str, float, bool]:

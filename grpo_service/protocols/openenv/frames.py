@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from envs.base import Environment
-from grpo_service.models import RunId, Seed
+from grpo_service.models import EnvAction, RunId, Seed
 
 
 class ErrorCode(StrEnum):
@@ -74,6 +74,20 @@ class ResetOptions(BaseModel):
 
     def config(self) -> dict[str, Any]:
         return dict(self.model_extra or {})
+
+
+# A step frame's action: a text action of any length (the frame's size bounds it), so that a
+# model's long reply is the env's to refuse, answered as an invalid action, not an error frame.
+FrameAction = str | Annotated[int, Field(strict=True, ge=0, le=2**31)]
+
+
+class StepData(EnvAction):
+    """A ``step`` frame's data: `EnvAction`'s fields, its text actions not capped in length."""
+
+    action: FrameAction | None = Field(default=None, description="One action, by name, index or text.")
+    actions: list[FrameAction] | None = Field(
+        default=None, min_length=1, max_length=64, description="Actions run in order (stops at episode end)."
+    )
 
 
 class Observation(BaseModel):

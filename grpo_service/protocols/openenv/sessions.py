@@ -24,12 +24,12 @@ from envs.errors import InvalidAction, InvalidConfig, PluginError
 from grpo_service.api.services import Services
 from grpo_service.core.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
-from grpo_service.models import EnvAction
 from grpo_service.protocols.openenv.frames import (
     ErrorCode,
     FrameError,
     ResetOptions,
     State,
+    StepData,
     validation_failed,
 )
 from grpo_service.tracing.episodes import EpisodeRecorder
@@ -218,7 +218,7 @@ class Sessions:
         if isinstance(data.get("metadata"), dict):
             del data["metadata"]  # the field every OpenEnv `Action` has (a typed client's model_dump)
         try:
-            action = EnvAction.model_validate(data)
+            action = StepData.model_validate(data)
         except ValidationError as exc:
             raise validation_failed(exc, "step data") from None
         return await self._step(session, action.step_args())
@@ -313,7 +313,8 @@ class Sessions:
         except InvalidAction as exc:
             session.step_count += 1
             recorder.record_invalid(before, tool_calls, str(exc))
-            return self.observation(session, refusal(handle.last, str(exc)), 0.0)
+            refused = (await self.services.envs.current(handle)).refusal(str(exc))
+            return self.observation(session, refused, 0.0)
         env_ms = (time.perf_counter() - started) * 1000
         session.step_count += 1
         recorder.record(before, tool_calls, result, env_ms)
@@ -404,7 +405,7 @@ class Sessions:
         except (InvalidConfig, Unprocessable) as exc:
             raise FrameError(ErrorCode.VALIDATION_ERROR, _message(exc)) from None
         except InvalidAction:
-            raise  # a step answers it (`refusal`)
+            raise  # a step answers it (`StepResult.refusal`)
         except (PluginError, ServiceError) as exc:
             raise FrameError(ErrorCode.EXECUTION_ERROR, _message(exc)) from None
 
@@ -440,21 +441,6 @@ def as_tool_calls(cls: type[Environment], actions: list[Any]) -> list[dict[str, 
     if "actions" in function.get("parameters", {}).get("properties", {}):
         return [{"tool": function["name"], "args": {"actions": list(actions)}}]
     return [{"tool": function["name"], "args": {"action": action}} for action in actions]
-
-
-def refusal(last: StepResult | None, message: str) -> StepResult:
-    """What a step the env refused answers: the env's current observation with the env's
-    ``message`` as its text (the structured fields unchanged), reward 0, nothing executed;
-    ``info.invalid_action`` holds the message."""
-    observation = {**(last.observation if last is not None else {}), "text": message}
-    return StepResult(
-        observation=observation,
-        reward=0.0,
-        done=bool(last and last.done),
-        truncated=bool(last and last.truncated),
-        info={"invalid_action": message, "actions_executed": 0},
-        step_idx=last.step_idx if last is not None else 0,
-    )
 
 
 def tool_result(data: dict[str, Any]) -> dict[str, Any]:
