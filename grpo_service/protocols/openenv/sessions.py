@@ -364,8 +364,8 @@ class Sessions:
         if session.env_id is None:
             raise FrameError(
                 ErrorCode.SESSION_ERROR,
-                f"no reset or step for the idle TTL ({self.services.settings.idle_ttl_s:g} s): "
-                "this socket is closed; reconnect to play",
+                f"no frame for the idle TTL ({self.services.settings.idle_ttl_s:g} s) and no env (no "
+                "reset or step yet): this socket is closed; reconnect to play",
                 fatal=True,
             )
         if session.env_id not in self.services.registry.envs:
