@@ -1,7 +1,8 @@
 """OpenEnv's routes under misuse and as a consumer meets them (uvicorn on 127.0.0.1, one server for
 the module): a socket's own session is that socket's alone; an env is built by the first frame
 that needs one and freed with its socket; invalid actions are observations, not error frames, on
-every env and over MCP; `/schema` is each env's own; the first observation names the actions."""
+every env, over MCP and on the AgentGym routes alike; `/schema` is each env's own; the first
+observation names the actions."""
 
 from __future__ import annotations
 
