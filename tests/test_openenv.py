@@ -294,6 +294,8 @@ def test_an_episode_over_is_an_execution_error(base: str) -> None:
             reply = ask(ws, {"type": "step", "data": {"action": action or "inventory"}})
         over = ask(ws, {"type": "step", "data": {"action": "inventory"}})
         assert over["data"]["code"] == "EXECUTION_ERROR"
+        refused = ask(ws, {"type": "step", "data": {"tool_calls": [{"tool": "fly", "args": {}}]}})
+        assert refused["data"]["code"] == "EXECUTION_ERROR", "an invalid action after the end too"
         assert ask(ws, {"type": "reset", "data": {"seed": 2}})["type"] == "observation"
 
 

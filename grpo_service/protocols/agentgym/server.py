@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from envs.base import StepResult
-from envs.errors import InvalidAction, PluginError
+from envs.errors import EpisodeOver, InvalidAction, PluginError
 from grpo_service.api.auth import require_api_key
 from grpo_service.api.services import Services
 from grpo_service.errors import ServiceError, error_body
@@ -139,6 +139,8 @@ class Game:
             return await self.services.envs.step(env_id, actions=[action])
         except InvalidAction as exc:
             now = await self.observe(idx, session)
+            if now.done:  # after the episode's end every step is refused alike
+                raise EpisodeOver("the episode is over: reset first") from None
             refused = now.refusal(str(exc))
             refused.info["score"] = now.info.get("score", 0)
             return refused

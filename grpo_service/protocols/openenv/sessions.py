@@ -311,10 +311,12 @@ class Sessions:
         try:
             result = await self._call(self.services.envs.step(handle.id, **args))
         except InvalidAction as exc:
+            current = await self.services.envs.current(handle)
+            if current.done:  # after the episode's end every step is refused alike
+                raise FrameError(ErrorCode.EXECUTION_ERROR, "the episode is over: reset first") from None
             session.step_count += 1
             recorder.record_invalid(before, tool_calls, str(exc))
-            refused = (await self.services.envs.current(handle)).refusal(str(exc))
-            return self.observation(session, refused, 0.0)
+            return self.observation(session, current.refusal(str(exc)), 0.0)
         env_ms = (time.perf_counter() - started) * 1000
         session.step_count += 1
         recorder.record(before, tool_calls, result, env_ms)
