@@ -83,7 +83,7 @@ class ChildServer:
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
-        path = "/health" if self.kind == "service" else "/v1/models"
+        path = "/v1/models" if self.kind == "fake" else "/health"
         deadline = time.monotonic() + timeout_s
         while True:
             assert self.proc is not None
