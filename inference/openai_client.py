@@ -28,6 +28,7 @@ import httpx2
 import openai
 import orjson
 import pydantic
+import yarl
 from pydantic import SecretStr
 
 from inference.calls import LLMCall
@@ -434,6 +435,7 @@ class InferenceClient:
         self._owns_http = http_client is None
         self._http = http_client
         self._owns_lean = lean is None
+        self._urls: dict[str, yarl.URL] = {}
         self._lean = lean
         self._openai_client: openai.AsyncOpenAI | None = None  # built on first use: see `_openai`
         self._jitter = random.Random()
@@ -563,7 +565,10 @@ class InferenceClient:
         body: dict[str, Any],
         timeout: float,
     ) -> bytes:
-        return await self._lean_transport.post(self.base_url + path, content, headers, params, timeout)
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path, not per request
+            url = self._urls[path] = yarl.URL(self.base_url + path)
+        return await self._lean_transport.post(url, content, headers, params, timeout)
 
     async def _send_sdk(
         self,

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 import aiohttp
+import yarl
 
 from inference.errors import InferenceError, InferenceErrorKind
 
@@ -110,7 +111,7 @@ class LeanTransport:
 
     async def post(
         self,
-        url: str,
+        url: str | yarl.URL,
         content: bytes,
         headers: Mapping[str, str],
         params: Mapping[str, Any] | None,
