@@ -91,8 +91,8 @@ def part_of(stack: tuple[str, ...]) -> str:
 
 
 def budget_report(path: Path, cpu_us_per_decision: float, *, title: str) -> dict[str, Any]:
-    """Each part's share of the samples, times the measured CPU per decision; writes the PNG
-    beside ``path``."""
+    """Each part's share of the samples, times the measured CPU per decision; writes the flame
+    graph (PNG and SVG) beside ``path``."""
     stacks = read_stacks(path)
     total = sum(stacks.values()) or 1
     parts: Counter[str] = Counter()
@@ -100,7 +100,9 @@ def budget_report(path: Path, cpu_us_per_decision: float, *, title: str) -> dict
         parts[part_of(stack)] += n
     order = [p for p, _ in PARTS] + [OTHER]
     shares = {p: parts[p] / total for p in order if parts[p]}
-    render(stacks, path.with_suffix(".png"), title=f"{title}: {cpu_us_per_decision:.0f} us CPU per decision")
+    heading = f"{title}: {cpu_us_per_decision:.0f} us CPU per decision"
+    for suffix in (".png", ".svg"):
+        render(stacks, path.with_suffix(suffix), title=heading)
     return {
         "samples": total,
         "cpu_us_per_decision": round(cpu_us_per_decision, 1),

@@ -222,7 +222,7 @@ def decision_costs(
     pinned there too) playing the same groups against the same fake. The env's share (its
     in-process µs per step × the steps per decision) is taken out of the task app's figure."""
     from tools.bench.decision import SEEDS, Load, measure_embedded
-    from tools.bench.run import pinned
+    from tools.bench.procs import pinned
 
     seeds = [SEEDS[i % len(SEEDS)] for i in range(groups)]  # as `Load.body` seeds its groups
     measured: dict[bool, Any] = {}

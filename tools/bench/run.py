@@ -12,13 +12,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tools.bench import floor, inproc, served
-from tools.bench.procs import ChildServer, cpu_count, pin
+from tools.bench.procs import ChildServer, cpu_count, pinned
 
 FAKE_MODEL = "fake-model"
 LLM_LATENCY_S = 0.2
@@ -335,19 +335,6 @@ class Samples:
 
     def add(self, key: str, value: float) -> None:
         self.values.setdefault(key, []).append(float(value))
-
-
-@contextlib.contextmanager
-def pinned(cpus: set[int] | None) -> Iterator[None]:
-    if cpus is None or not hasattr(os, "sched_getaffinity"):
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    pin(0, cpus)
-    try:
-        yield
-    finally:
-        pin(0, before)
 
 
 def _tracing_available() -> str | None:
