@@ -96,7 +96,7 @@ def bench_main(
         ),
     ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="3 short repeats (under 4 minutes on 2 cores).")
+        bool, typer.Option("--quick", help="3 short repeats (about 5 minutes on 2 cores).")
     ] = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", dir_okay=False, help="Also write the results to this JSON file.")
