@@ -137,6 +137,27 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure("llm_bound_ideal", "decisions/s", "128 rollouts / 0.2 s: the LLM's own limit"),
     Figure(
+        "llm_bound_turn_ms",
+        "ms",
+        "in the llm_bound load, a rollout's own wall time per decision (its metrics.wall_time_s / "
+        "its decisions, over all rollouts): 200 ms plus what the service adds inside the rollout",
+        False,
+    ),
+    Figure(
+        "llm_bound_call_ms",
+        "ms",
+        "in the same load, the mean time of one LLM call, from sending it to its reply handled "
+        "(metrics.llm_time_s / decisions): 200 ms plus the wait for the event loop",
+        False,
+    ),
+    Figure(
+        "llm_bound_outside_turns_s",
+        "s",
+        "the load's wall time less the mean rollout's own wall time: starting the groups (envs, "
+        "policies) and answering them",
+        False,
+    ),
+    Figure(
         "llm_bound_fake_alone",
         "decisions/s",
         "the same 200 ms fake driven directly by 128 bare clients (same request): the harness's own ceiling",
@@ -576,6 +597,11 @@ class Bench:
         self._check_run(f"llm_bound{suffix}", run)
         add(f"llm_bound{suffix}", run.decisions_per_s)
         self.log(f"    {run.decisions} decisions in {run.wall_s:.2f} s: {run.decisions_per_s:.0f}/s")
+        if not suffix:  # where the LLM-bound load's time goes (see docs/benchmark.md)
+            add("llm_bound_turn_ms", run.turn_ms)
+            add("llm_bound_call_ms", run.call_ms)
+            members = plan.llm_rollouts
+            add("llm_bound_outside_turns_s", max(0.0, run.wall_s - run.member_wall_s / max(1, members)))
 
     def _floor(self, rep: int, floor_server: ChildServer, fake0: ChildServer) -> None:
         """The floor's HTTP step rate, and the cost of one decision: service against floor."""
