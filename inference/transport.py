@@ -12,6 +12,7 @@ client's retry loop classifies those). Error pages are worded as the SDK words t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import time
@@ -99,6 +100,8 @@ class LeanTransport:
         loop = asyncio.get_running_loop()
         session = self._session
         if session is None or self._loop is not loop or session.closed:
+            if session is not None:
+                _drop(session)
             connector = aiohttp.TCPConnector(limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_S)
             # Whole-attempt deadlines are the caller's (`asyncio.timeout`); only connecting has
             # its own, shorter bound.
@@ -152,8 +155,18 @@ class LeanTransport:
                 running = None
             if running is self._loop:
                 await session.close()
-            else:  # its loop is gone or elsewhere: drop the connections without awaiting
-                session.connector.close() if session.connector is not None else None  # type: ignore[func-returns-value]
+            else:
+                _drop(session)
+
+
+def _drop(session: aiohttp.ClientSession) -> None:
+    """Close the sockets of a session whose event loop is gone or another one's. The public
+    ``close`` is a coroutine of that loop; its synchronous part (``_close``, which closes every
+    transport) is all that can run here."""
+    connector = session.connector
+    if connector is not None and not connector.closed:
+        with contextlib.suppress(Exception):
+            connector._close(abort_ssl=True)
 
 
 def classify_lean(exc: BaseException) -> InferenceError | None:

@@ -161,3 +161,13 @@ async def test_the_same_bytes_and_headers_on_the_wire(monkeypatch: pytest.Monkey
     for name in ("authorization", "content-type", "accept", "modal-key", "modal-secret", "x-trace"):
         assert lean_headers[name] == sdk_headers[name], name
     assert lean_headers["authorization"] == "Bearer sk-own" and lean_headers["modal-key"] == "wk-id"
+
+
+def test_a_client_moves_to_a_new_event_loop(fake: FakeInferenceServer) -> None:
+    """One pooled session per event loop: a client used again from another loop (a second
+    `asyncio.run`) opens its own there instead of reusing the first loop's sockets."""
+    client = InferenceClient(fake.base_url, "EMPTY", timeout_s=5)
+    first = asyncio.run(client.chat(REQUEST))
+    second = asyncio.run(client.chat(REQUEST))
+    asyncio.run(client.aclose())
+    assert first.attempts == second.attempts == 1
