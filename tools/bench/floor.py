@@ -208,7 +208,6 @@ def decision_costs(
     floor: Any,
     workdir: Any,
     service_cpus: set[int] | None,
-    env_us_per_step: float,
     groups: int,
     group_size: int,
     turns: int,
@@ -220,11 +219,16 @@ def decision_costs(
     with token ids and logprobs recorded, traced and untraced (alternating which goes first),
     pinned to ``service_cpus``. The floor: ``floor`` (a `ChildServer` of this module's app,
     pinned there too) playing the same groups against the same fake. The env's share (its
-    in-process µs per step × the steps per decision) is taken out of the task app's figure."""
+    in-process CPU per step in the same worlds × the steps per decision) is taken out of both."""
+    import time
+
     from tools.bench.decision import SEEDS, Load, measure_embedded
+    from tools.bench.inproc import env_steps_per_s
     from tools.bench.procs import pinned
 
     seeds = [SEEDS[i % len(SEEDS)] for i in range(groups)]  # as `Load.body` seeds its groups
+    with pinned(service_cpus):  # CPU time, not wall time: a busy machine does not inflate it
+        env_us_per_step = 1e6 / env_steps_per_s(1.0, list(SEEDS), 0, clock=time.process_time)
     measured: dict[bool, Any] = {}
     for traced in (True, False) if traced_first else (False, True):
         load = Load(groups=groups, group_size=group_size, turns=turns, traced=traced, tokens=True)
@@ -240,6 +244,7 @@ def decision_costs(
     floor_env_us = env_us_per_step * steps / max(1, decisions)
     trace_us = max(0.0, traced_us - untraced_us)
     return {
+        "env_cpu_us_per_step": env_us_per_step,
         "service_cpu_us_per_decision": traced_us,
         "service_untraced_cpu_us_per_decision": untraced_us,
         "task_app_cpu_us_per_decision": max(0.0, traced_us - env_us),

@@ -196,6 +196,13 @@ FIGURES: tuple[Figure, ...] = (
         f"orjson in and out, nothing of ours); {ONE_WORKER_NOTE}",
     ),
     Figure(
+        "env_cpu_us_per_step",
+        "us",
+        "our CrafterEnv.step([a]) in the rollouts' worlds, CPU time (process_time) per step, one "
+        "core: the env's share taken out of the CPU-per-decision figures",
+        False,
+    ),
+    Figure(
         "service_cpu_us_per_decision",
         "us",
         "the task app's CPU per LLM decision, embedded (coordinator in-process, answers encoded as "
@@ -209,8 +216,8 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "task_app_cpu_us_per_decision",
         "us",
-        "service_cpu_us_per_decision less the env's share (env steps per decision x our in-process "
-        "CPU per step, from env_steps_per_s of the same repeat): the task app's own CPU",
+        "service_cpu_us_per_decision less the env's share (env steps per decision x "
+        "env_cpu_us_per_step): the task app's own CPU",
         False,
     ),
     Figure(
@@ -612,7 +619,6 @@ class Bench:
             return asyncio.run(served.http_steps_per_s(url, plan.http_clients, plan.http_seconds, 7))
 
         add("floor_http_steps_per_s", self._timed("floor_http_steps_per_s", http))
-        env_rate = self.samples.values["env_steps_per_s"][-1]
         costs = self._timed(
             "decision costs",
             lambda: floor.decision_costs(
@@ -620,7 +626,6 @@ class Bench:
                 floor=floor_server,
                 workdir=self.workdir / "decision",
                 service_cpus=self.layout.service,
-                env_us_per_step=1e6 / env_rate,
                 groups=plan.decision_groups,
                 group_size=plan.decision_group_size,
                 turns=plan.decision_turns,
