@@ -54,7 +54,9 @@ def build_services(
     )
     store = store or LocalSnapshotStore(settings.state_dir)
     snapshots = SnapshotService(store, SnapshotCodec(load_signing_key(settings)), registry)
-    pool = ClientPool(max_response_bytes=settings.inference_max_response_bytes)
+    pool = ClientPool(
+        max_response_bytes=settings.inference_max_response_bytes, transport=settings.inference_transport
+    )
     context = PolicyContext(
         inference_url=settings.vllm_base_url,
         model=settings.default_model,

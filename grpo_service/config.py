@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -99,6 +100,12 @@ class Settings(BaseSettings):
     )
 
     inference_timeout_s: float = Field(default=120.0, gt=0)
+    inference_transport: Literal["lean", "sdk"] = Field(
+        default="lean",
+        description="How policies reach the inference server: 'lean' (aiohttp directly, the least "
+        "CPU per decision) or 'sdk' (through the openai package, for a provider that needs its "
+        "behaviour). Same requests, retries and errors.",
+    )
     inference_max_retries: int = Field(default=3, ge=0, le=10)
 
     trace_db: Path | None = Field(default=None, description="SQLite file that every rollout is traced to.")

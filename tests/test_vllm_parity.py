@@ -144,3 +144,35 @@ def test_sampling_controls_behave_as_the_service_assumes(real_vllm: RealVLLM) ->
     assert len(choice["token_ids"]) <= 5 and (choice["finish_reason"] == "length") == (
         len(choice["token_ids"]) == 5
     )
+
+
+TRANSPORT_CASES = {
+    "tokens": {"messages": MESSAGES, "max_tokens": 4, "seed": 1, "temperature": 0},
+    "n": {"messages": MESSAGES, "max_tokens": 3, "n": 2, "seed": 2},
+    "unknown model": {"messages": MESSAGES, "model": "nope"},
+    "negative temperature": {"messages": MESSAGES, "temperature": -1},
+    "overlong prompt": {"messages": [{"role": "user", "content": "word " * 5000}]},
+}
+
+
+@pytest.mark.parametrize("case", list(TRANSPORT_CASES))
+async def test_lean_and_sdk_transports_answer_alike(servers: dict[str, str], case: str) -> None:
+    """The same request through the lean transport and the openai SDK's, to real vLLM and
+    `serve-model`: the same token ids (seeded), the same errors (tests/test_transport_parity.py
+    compares them on the fake)."""
+    from inference import InferenceClient, InferenceError
+
+    for name in ("vllm", "serve-model"):
+        seen = []
+        for transport in ("lean", "sdk"):
+            client = InferenceClient(servers[name], timeout_s=120, max_retries=0, transport=transport)
+            try:
+                call = await client.chat({"model": SERVED, **TRANSPORT_CASES[case]}, return_token_ids=True)
+                seen.append(
+                    (call.prompt_token_ids, call.completion_token_ids, call.finish_reason, call.usage)
+                )
+            except InferenceError as exc:
+                seen.append((exc.kind, exc.status_code, exc.attempts, exc.detail))
+            finally:
+                await client.aclose()
+        assert seen[0] == seen[1], (name, seen)

@@ -97,13 +97,22 @@ class _Messages:
         self.session_id = session_id
         self.index: dict[Any, int] = {}
         self.rows: list[tuple[Any, ...]] = []
+        # The same message object in later prompts (an agent replays its history window's
+        # messages as the same dicts): its index without encoding it again. The object is kept,
+        # so its id is not reused while this is alive.
+        self._seen: dict[tuple[int, str], tuple[Any, int]] = {}
 
     def add(self, message: Any, turn: int, source: str) -> int:
+        seen = self._seen.get((id(message), source))
+        if seen is not None:
+            return seen[1]
+        original = message
         if not isinstance(message, dict):
             message = {"role": "", "$content": message}
         key = _message_key(message, source)
         found = self.index.get(key)
         if found is not None:
+            self._seen[(id(original), source)] = (original, found)
             return found
         idx = len(self.rows)
         role, columns, extra = split_message(message)
@@ -122,6 +131,7 @@ class _Messages:
             )
         )
         self.index[key] = idx
+        self._seen[(id(original), source)] = (original, idx)
         return idx
 
 
