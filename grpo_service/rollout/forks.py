@@ -12,8 +12,10 @@ are ``G + (r·F + s)·K + k``. Every index is admitted (a run slot) before anyth
 continuations a root never reaches (it ended before the fork turn) are released when it ends.
 
 Bounds: a tree has at most G·(1 + F·K) members (``max_group_size``), as many live envs and
-policies at most (checked up front, 429), and the rule keeps at most one state per turn of each
-root until that root has played.
+policies at most (checked up front, 429). The rule keeps, per root, only the states a fork can
+still need: the ``count`` best-ranked turns so far and the turn being decided (a state is ranked,
+and dropped unless it is among the best, as soon as the decision after it has been sampled), so
+a root of T turns holds ``count + 1`` states, not T.
 """
 
 from __future__ import annotations
@@ -78,8 +80,12 @@ def surprisal(result: RolloutResponse | None, turn: int) -> float | None:
     for trajectory in result.trajectories if result else []:
         for step in trajectory.steps:
             if step.turn == turn and step.llm is not None and step.llm.completion_logprobs:
-                return -statistics.fmean(step.llm.completion_logprobs)
+                return mean_surprisal(step.llm.completion_logprobs)
     return None
+
+
+def mean_surprisal(logprobs: list[float]) -> float:
+    return -statistics.fmean(logprobs)
 
 
 class BusyClock:
@@ -115,6 +121,7 @@ class ForkingGroup:
         self.fixed = self.plan.fixed_turns(self.max_turns)
         self.forks_per_root = self.plan.forks_per_root(self.max_turns)
         self.captures: dict[int, dict[int, Capture]] = {}
+        self.ranks: dict[int, dict[int, float]] = {}  # rule: the surprisal of each held, decided turn
         self.forks: list[ForkNode] = []
         self.continuations: list[asyncio.Task[list[GroupMember]]] = []
         self.started: set[int] = set()
@@ -158,6 +165,7 @@ class ForkingGroup:
                 self._fork_by_rule(index, played.result)
         finally:
             self.captures.pop(index, None)
+            self.ranks.pop(index, None)
             self._release_unstarted(index)
         return played
 
@@ -166,7 +174,26 @@ class ForkingGroup:
             if turn in self.fixed:
                 self._start(await self._capture(root, loop, turn), self.fixed.index(turn))
         elif turn >= 1:  # turn 0 is the group's common start: the roots already sample it
+            self._keep_best(root, loop)
             self.captures[root][turn] = await self._capture(root, loop, turn)
+
+    def _keep_best(self, root: int, loop: EpisodeLoop) -> None:
+        """Drop the states the rule can no longer choose: the last decided turn's, unless its
+        surprisal (known now that it was sampled) ranks it among the ``count`` best so far."""
+        held = self.captures[root]
+        decided = loop.decisions[-1] if loop.decisions else None
+        if decided is None or decided.turn not in held:
+            return
+        call = decided.decision.llm_call
+        logprobs = call.completion_logprobs if call is not None and loop.with_tokens else None
+        if not logprobs:
+            del held[decided.turn]  # the rule cannot rank it (no logprobs): never chosen
+            return
+        self.ranks.setdefault(root, {})[decided.turn] = mean_surprisal(logprobs)
+        ranks = self.ranks[root]
+        if len(ranks) > self.forks_per_root:  # the same order as `_fork_by_rule`: (surprisal, turn)
+            worst = min(ranks, key=lambda t: (ranks[t], t))
+            del ranks[worst], held[worst]
 
     async def _capture(self, root: int, loop: EpisodeLoop, turn: int) -> Capture:
         assert loop.policy is not None
