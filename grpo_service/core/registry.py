@@ -107,7 +107,8 @@ class RunHandle(Handle):
     llm_s: float = 0.0
     env_s: float = 0.0
     abort: asyncio.Event = field(default_factory=asyncio.Event)
-    result: Any = None  # the response model once finished
+    result: Any = None  # a background run's response, as JSON bytes, once finished
+    result_evicted: bool = False  # its result was dropped to keep finished results within their budget
     error: str | None = None
     task: asyncio.Task[Any] | None = None
     member_ids: list[str] = field(default_factory=list)  # a group's member runs

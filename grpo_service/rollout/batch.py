@@ -20,6 +20,7 @@ import httpx
 
 from envs.base import POLICIES, environment_class, policy_class
 from envs.errors import PluginError
+from grpo_service.config import Settings
 from grpo_service.errors import ServiceError, Unprocessable
 from grpo_service.models import (
     BatchRolloutResult,
@@ -33,7 +34,7 @@ from grpo_service.models import (
     RolloutSafetyConfig,
     TurnTokens,
 )
-from grpo_service.rollout.coordinator import RolloutCoordinator
+from grpo_service.rollout.coordinator import RolloutCoordinator, check_turns
 from inference.openai_client import normalize_base_url
 
 
@@ -47,7 +48,9 @@ def agent_policies() -> dict[str, str]:
 
 
 def check(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) -> str:
-    """Validate what pydantic cannot (the env, the id range, the agent config); return the policy."""
+    """Validate what pydantic cannot (the env, the id range, the turns, the agent config); return
+    the policy."""
+    check_batch_turns(req, coordinator.settings)
     agents = agent_policies()
     if req.env not in agents:
         raise Unprocessable(
@@ -66,6 +69,12 @@ def check(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) -> str:
     except PluginError as exc:
         raise Unprocessable(str(exc), code="invalid_config") from None
     return policy
+
+
+def check_batch_turns(req: BatchRolloutsRequest, settings: Settings) -> None:
+    """The batch answers every id's rollout at once: its turns are bounded like a group's."""
+    asked = f"the batch ({len(req.ids)} ids × max_round {req.max_round})"
+    check_turns(len(req.ids) * req.max_round, asked, settings)
 
 
 def policy_config(req: BatchRolloutsRequest) -> dict[str, Any]:

@@ -55,7 +55,7 @@ class RolloutCoordinator:
         self.registry = registry
         self.settings = settings
         self.tracer = tracer
-        self.runs = RunBook(registry)
+        self.runs = RunBook(registry, settings.max_finished_result_bytes)
         self.player = RolloutPlayer(envs, policies, registry, self.runs, settings, tracer)
 
     # ---------------------------------------------------------------------------- public API
@@ -84,6 +84,7 @@ class RolloutCoordinator:
     # ------------------------------------------------------------------------------ single
 
     def _register_rollout(self, req: RolloutRequest) -> RunHandle:
+        check_turns(req.turns_per_rollout(), "the rollout", self.settings)
         return self.runs.register(
             req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id
         )
@@ -98,6 +99,14 @@ class RolloutCoordinator:
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
+        per = req.turns_per_rollout()
+        asked = (
+            f"the group ({req.group_size} members × {per:,} turns)"
+            if req.fork is None
+            else f"the fork tree ({req.group_size} roots × {per:,} turns and up to "
+            f"{req.tree_size() - req.group_size} continuations)"
+        )
+        check_turns(req.turns_at_most(), asked, self.settings)
         if req.policy.policy_name and req.env.env_name:  # before G envs are built for nothing
             check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         if req.policy.policy_name:  # a config the policy refuses is the caller's 422, not G failed members
@@ -166,6 +175,17 @@ class RolloutCoordinator:
             return envs
         assert spec.env_name is not None
         return await self.envs.create_many(spec.env_name, spec.config, spec.seed, req.rl_run_id, count)
+
+
+def check_turns(turns: int, asked: str, settings: Settings) -> None:
+    """Refuse (422) a request that may play more turns than ``max_request_turns``: its result holds
+    every turn in memory until it is answered (a retry cannot succeed: not a 429)."""
+    if turns > settings.max_request_turns:
+        raise Unprocessable(
+            f"{asked} may play up to {turns:,} turns; MAX_REQUEST_TURNS is {settings.max_request_turns:,} "
+            "(a result holds every turn in memory until it is answered): ask for fewer members or turns",
+            code="too_many_turns",
+        )
 
 
 def member_index(member_id: str) -> int:

@@ -33,7 +33,7 @@ from grpo_service.models import ForkNode, GroupMember, GroupTree, RolloutGroupRe
 from grpo_service.rollout.episode import EpisodeLoop
 from grpo_service.rollout.membership import Membership
 from grpo_service.rollout.player import RolloutPlayer
-from grpo_service.rollout.run_book import RunBook, error_message
+from grpo_service.rollout.run_book import error_message
 
 
 def check_forkable(cls: type[Environment]) -> None:
@@ -225,7 +225,7 @@ class ForkingGroup:
         except Exception as exc:  # e.g. the env table filled up meanwhile: these members fail
             runs = [self.member_runs[i] for i in indices]
             for run in runs:
-                RunBook.fail(run, exc, prefix="the fork could not be copied: ")
+                self.player.runs.fail(run, exc, prefix="the fork could not be copied: ")
             return [
                 GroupMember(group_index=i, run_id=r.id, status="failed", error=error_message(exc))
                 for i, r in zip(indices, runs, strict=True)

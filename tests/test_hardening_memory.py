@@ -1,0 +1,109 @@
+"""What one request can make the server hold, and admission under concurrency.
+
+- A request that may play more turns (members × turns, continuations included; a batch's
+  ids × max_round) than ``MAX_REQUEST_TURNS`` is refused up front with a 422 naming the numbers.
+- Finished background results are kept as JSON within ``MAX_FINISHED_RESULT_BYTES``: the oldest
+  are dropped (the run stays listed, ``result_evicted``), measured on the bodies of /run/status.
+
+One in-process task app for the module (crafter-random: no LLM, so turns cost microseconds).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from grpo_service import create_app
+from tests.conftest import make_settings
+from tests.hardening import assert_error, counts
+from tools.server_thread import ServerThread
+
+TURN_BUDGET = 100
+RESULT_BYTES = 200_000
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    tmp: Path = tmp_path_factory.mktemp("memory")
+    settings = make_settings(
+        tmp,
+        max_request_turns=TURN_BUDGET,
+        max_finished_result_bytes=RESULT_BYTES,
+        vllm_base_url="http://127.0.0.1:9",
+    )
+    with (
+        ServerThread(create_app(settings), name="task-app") as server,
+        httpx.Client(base_url=server.base_url, timeout=120) as c,
+    ):
+        yield c
+
+
+def group(size: int, turns: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "group_size": size,
+        "env": {"env_name": "crafter", "seed": 3},
+        "policy": {"policy_name": "crafter-random", "config": {"seed": 0}},
+        "max_turns": turns,
+        **extra,
+    }
+
+
+def poll(client: httpx.Client, run_id: str) -> httpx.Response:
+    deadline = time.monotonic() + 60
+    while (r := client.get(f"/run/status/{run_id}")).json()["status"] == "running":
+        assert time.monotonic() < deadline, r.text[:300]
+        time.sleep(0.05)
+    return r
+
+
+def test_a_request_over_the_turn_budget_is_refused_up_front_naming_the_numbers(client: httpx.Client) -> None:
+    before = counts(client)
+    single = {"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}}
+    for path in ("/rollout", "/rollout/start"):
+        body = assert_error(client.post(path, json={**single, "max_turns": 101}), 422, "too_many_turns")
+        assert "up to 101 turns" in body["detail"] and "MAX_REQUEST_TURNS is 100" in body["detail"]
+    for path in ("/rollout/group", "/rollout/group/start"):
+        body = assert_error(client.post(path, json=group(4, 26)), 422, "too_many_turns")
+        assert "(4 members × 26 turns) may play up to 104 turns" in body["detail"], body
+    # A fork tree counts its continuations' turns: 2 × (20 + 2 × (15 + 10 + 5)) = 160.
+    tree = group(2, 20, fork={"every": 5, "continuations": 2})
+    body = assert_error(client.post("/rollout/group", json=tree), 422, "too_many_turns")
+    assert "fork tree (2 roots × 20 turns and up to 12 continuations) may play up to 160" in body["detail"]
+    batch = {"env": "textcraft", "model": "m", "base_url": "http://127.0.0.1:9", "ids": list(range(11))}
+    body = assert_error(client.post("/rollouts", json={**batch, "max_round": 10}), 422, "too_many_turns")
+    assert "(11 ids × max_round 10) may play up to 110 turns" in body["detail"]
+    assert counts(client) == before
+    # At the budget it plays: max_ops caps the turns too (50 turns asked, 30 at most).
+    assert client.post("/rollout/group", json=group(4, 25)).status_code == 200
+    capped = {**single, "max_turns": 1_000, "safety": {"max_ops": 60}}
+    assert client.post("/rollout", json=capped).json()["metrics"]["num_decisions"] == 30
+    assert client.get("/info").json()["limits"]["max_request_turns"] == TURN_BUDGET
+
+
+def test_finished_background_results_are_kept_within_their_byte_budget(client: httpx.Client) -> None:
+    """Three background groups of about 90 KB of JSON each and a 200 KB budget: the oldest result
+    is dropped, the two newest are answered whole, and what the server keeps (measured as the
+    result bodies /run/status answers) stays under the budget."""
+    ids = []
+    for i in range(3):
+        started = client.post("/rollout/group/start", json=group(4, 10, group_id=f"kept-{i}"))
+        assert started.status_code == 202, started.text
+        poll(client, started.json()["run_id"])  # one after another: the first finishes first
+        ids.append(started.json()["run_id"])
+    answers = [client.get(f"/run/status/{run_id}") for run_id in ids]
+    oldest, *newest = (a.json() for a in answers)
+    assert oldest["status"] == "completed" and oldest["result"] is None and oldest["result_evicted"]
+    assert len(answers[0].content) < 2_000  # its status, progress and members: no result
+    kept = [len(a.content) - len(answers[0].content) for a in answers[1:]]
+    assert all(size > 60_000 for size in kept) and sum(kept) <= RESULT_BYTES, kept
+    for status in newest:
+        assert not status["result_evicted"] and len(status["result"]["members"]) == 4
+        assert all(len(m["result"]["trajectories"][0]["steps"]) == 10 for m in status["result"]["members"])
+    # Dropped one by one, oldest first, as new results arrive; the runs stay listed.
+    listed = {r["run_id"] for r in client.get("/run/list?limit=500").json()["runs"]}
+    assert set(ids) <= listed
