@@ -4,12 +4,16 @@
   ids × max_round) than ``MAX_REQUEST_TURNS`` is refused up front with a 422 naming the numbers.
 - Finished background results are kept as JSON within ``MAX_FINISHED_RESULT_BYTES``: the oldest
   are dropped (the run stays listed, ``result_evicted``), measured on the bodies of /run/status.
+- What is admitted is held: concurrent groups, fork trees and batches on a table too small for
+  all of them are each admitted whole (every member plays) or refused up front with 429.
 
-One in-process task app for the module (crafter-random: no LLM, so turns cost microseconds).
+One in-process task app for the module, with ``MAX_ENVS`` and ``MAX_POLICIES`` of 20, and a fake
+LLM answering in 50 ms (so that concurrent requests overlap); crafter-random needs no LLM.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,22 +23,32 @@ import httpx
 import pytest
 
 from grpo_service import create_app
-from tests.conftest import make_settings
+from tests.conftest import MODEL, make_settings
 from tests.hardening import assert_error, counts
+from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.server_thread import ServerThread
 
 TURN_BUDGET = 100
 RESULT_BYTES = 200_000
+SLOTS = 20  # MAX_ENVS and MAX_POLICIES
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+def llm() -> Iterator[FakeInferenceServer]:
+    with FakeInferenceServer(FakeConfig(model=MODEL, latency_s=0.05)) as fake:
+        yield fake
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory, llm: FakeInferenceServer) -> Iterator[httpx.Client]:
     tmp: Path = tmp_path_factory.mktemp("memory")
     settings = make_settings(
         tmp,
+        vllm_base_url=llm.base_url,
         max_request_turns=TURN_BUDGET,
         max_finished_result_bytes=RESULT_BYTES,
-        vllm_base_url="http://127.0.0.1:9",
+        max_envs=SLOTS,
+        max_policies=SLOTS,
     )
     with (
         ServerThread(create_app(settings), name="task-app") as server,
@@ -107,3 +121,65 @@ def test_finished_background_results_are_kept_within_their_byte_budget(client: h
     # Dropped one by one, oldest first, as new results arrive; the runs stay listed.
     listed = {r["run_id"] for r in client.get("/run/list?limit=500").json()["runs"]}
     assert set(ids) <= listed
+
+
+def react_group(size: int, **extra: Any) -> dict[str, Any]:
+    return group(size, 4, policy={"policy_name": "crafter-react"}, record={"logprobs": True}, **extra)
+
+
+async def concurrently(base_url: str, calls: list[tuple[str, dict[str, Any]]]) -> list[httpx.Response]:
+    async with httpx.AsyncClient(base_url=base_url, timeout=120) as c:
+        return list(await asyncio.gather(*(c.post(path, json=body) for path, body in calls)))
+
+
+REFUSED_TOGETHER = {
+    # Three trees of 2 roots × (1 + 5 continuations) = 12 members each: 36 > 20 slots.
+    "fork trees": [("/rollout/group", react_group(2, fork={"at_turns": [1], "continuations": 5}))] * 3,
+    "rule trees": [("/rollout/group", react_group(2, fork={"rule": "max_entropy", "continuations": 5}))] * 3,
+    "background trees": [("/rollout/group/start", react_group(2, fork={"every": 2, "continuations": 5}))] * 3,
+    "groups": [("/rollout/group", react_group(12))] * 2,
+    "background groups": [("/rollout/group/start", react_group(12))] * 2,
+}
+
+
+@pytest.mark.parametrize("calls", REFUSED_TOGETHER.values(), ids=REFUSED_TOGETHER.keys())
+def test_concurrent_groups_and_trees_are_each_admitted_whole_or_refused_429(
+    client: httpx.Client, calls: list[tuple[str, dict[str, Any]]]
+) -> None:
+    answers = asyncio.run(concurrently(str(client.base_url), calls))
+    admitted = [a for a in answers if a.status_code in (200, 202)]
+    refused = [a for a in answers if a.status_code == 429]
+    assert len(admitted) == 1 and len(refused) == len(calls) - 1, [a.text[:300] for a in answers]
+    for answer in refused:
+        body = assert_error(answer, 429)
+        assert answer.headers["retry-after"] == "1" and "of MAX_ENVS 20 are free" in body["detail"], body
+    played = admitted[0].json()
+    if admitted[0].status_code == 202:  # its members' statuses (its result may be over RESULT_BYTES)
+        played = poll(client, played["run_id"]).json()
+    assert {m["status"] for m in played["members"]} == {"completed"}, played["members"]
+    assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}
+    # Every held slot came back: the whole table serves one request again.
+    assert client.post("/rollout/group", json=group(SLOTS, 2)).status_code == 200
+
+
+def test_a_batch_holds_the_slots_of_its_rollouts_in_flight(
+    client: httpx.Client, llm: FakeInferenceServer
+) -> None:
+    batch = {"env": "crafter", "model": MODEL, "base_url": llm.base_url, "max_round": 2}
+    # Two batches of 15 at once on 20 slots: one plays every id, the other is refused up front.
+    calls = [("/rollouts", {**batch, "ids": list(range(15)), "concurrency": 15})] * 2
+    answers = asyncio.run(concurrently(str(client.base_url), calls))
+    assert sorted(a.status_code for a in answers) == [200, 429], [a.text[:300] for a in answers]
+    played = next(a for a in answers if a.status_code == 200).json()
+    assert played["failed"] == 0 and played["completed"] == 15
+    refused = assert_error(next(a for a in answers if a.status_code == 429), 429)
+    assert "the batch (15 rollouts at once) needs 15 env slots" in refused["detail"], refused
+    # 30 ids, 8 at a time: 8 slots held for the whole batch and reused, beside a group of 12.
+    calls = [
+        ("/rollouts", {**batch, "ids": list(range(30)), "concurrency": 8}),
+        ("/rollout/group", react_group(12)),
+    ]
+    many, beside = asyncio.run(concurrently(str(client.base_url), calls))
+    assert many.status_code == 200 and many.json()["completed"] == 30, many.text[:500]
+    assert beside.status_code == 200 and beside.json()["metrics"]["failed"] == 0
+    assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}

@@ -123,6 +123,11 @@ async def run_batch(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) 
     await check_model_server(req)
     config = policy_config(req)
     bound = asyncio.Semaphore(req.concurrency)
+    # The slots of every rollout in flight are held for the whole batch (each rollout reuses the
+    # one its predecessor gave back), so that no id fails for want of room: else a 429 now.
+    at_once = min(req.concurrency, len(req.ids))
+    what = f"the batch ({at_once} rollouts at once)"
+    claim = coordinator.registry.claim(what, envs=at_once, policies=at_once, runs=at_once)
 
     async def one(idx: int) -> BatchRolloutResult:
         async with bound:
@@ -136,13 +141,16 @@ async def run_batch(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) 
                 rl_run_id=req.rl_run_id,
             )
             try:
-                return result_of(idx, await coordinator.rollout(rollout))
+                return result_of(idx, await coordinator.rollout(rollout, claim))
             except ServiceError as exc:
                 return BatchRolloutResult(id=idx, error=exc.message)
             except Exception as exc:  # one id never sinks the batch
                 return BatchRolloutResult(id=idx, error=f"{type(exc).__name__}: {exc}")
 
-    results = list(await asyncio.gather(*(one(idx) for idx in req.ids)))
+    try:
+        results = list(await asyncio.gather(*(one(idx) for idx in req.ids)))
+    finally:
+        claim.release()
     return batch_response(req, results, time.monotonic() - started)
 
 

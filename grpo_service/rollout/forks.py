@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from envs.base import Environment, environment_class
 from grpo_service.config import Settings
-from grpo_service.core.registry import EnvHandle, PolicyHandle, Registry, RunHandle
+from grpo_service.core.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.errors import Unprocessable
 from grpo_service.models import ForkNode, GroupMember, GroupTree, RolloutGroupRequest, RolloutResponse
 from grpo_service.rollout.episode import EpisodeLoop
@@ -45,9 +45,10 @@ def check_forkable(cls: type[Environment]) -> None:
         )
 
 
-def admit_tree(req: RolloutGroupRequest, settings: Settings, registry: Registry) -> None:
-    """Refuse a fork plan that cannot run: an env that cannot be copied mid-episode (422), a tree
-    larger than ``max_group_size`` (422), or more envs or policies than are free now (429)."""
+def admit_tree(req: RolloutGroupRequest, settings: Settings) -> None:
+    """Refuse (422) a fork plan that cannot run: an env that cannot be copied mid-episode, or a
+    tree larger than ``max_group_size``. The coordinator then holds an env and a policy slot for
+    every member the tree may start (or answers 429)."""
     assert req.fork is not None and req.max_turns is not None
     if req.env.env_name is not None:
         check_forkable(environment_class(req.env.env_name))
@@ -59,8 +60,6 @@ def admit_tree(req: RolloutGroupRequest, settings: Settings, registry: Registry)
             f"forks × {req.fork.continuations} continuations)); max_group_size is {settings.max_group_size}",
             code="group_too_large",
         )
-    registry.envs.reserve(size)
-    registry.policies.reserve(size)
 
 
 @dataclass
@@ -246,13 +245,17 @@ class ForkingGroup:
         return list(await asyncio.gather(*plays))
 
     async def _copy(self, capture: Capture, indices: list[int]) -> tuple[list[EnvHandle], list[PolicyHandle]]:
-        """One env and one policy per continuation, from the captured states: all, or none."""
-        envs = await self.player.envs.copies(capture.env, capture.env_state, len(indices))
+        """One env and one policy per continuation, from the captured states (in the slots the tree
+        holds): all, or none."""
+        claim = self.run.claim
+        env_hold, policy_hold = (claim.envs, claim.policies) if claim is not None else (None, None)
+        envs = await self.player.envs.copies(capture.env, capture.env_state, len(indices), hold=env_hold)
         policies = self.player.policies
         try:
             offsets = [i - capture.root if self.req.vary_policy_seed else 0 for i in indices]
             payloads = [policies.with_seed(capture.policy_state, o) for o in offsets]
-            return envs, await policies.copies(capture.policy, payloads, [e.id for e in envs])
+            bound = [e.id for e in envs]
+            return envs, await policies.copies(capture.policy, payloads, bound, hold=policy_hold)
         except BaseException:
             for env in envs:
                 await self.player.envs.discard(env)
@@ -268,5 +271,8 @@ class ForkingGroup:
         }
         for run_id in unstarted:
             self.player.registry.runs.pop(run_id)
+        if self.run.claim is not None:  # nor their env and policy slots
+            self.run.claim.envs.drop(len(unstarted))
+            self.run.claim.policies.drop(len(unstarted))
         self.run.member_ids = [i for i in self.run.member_ids if i not in unstarted]
         self.run.member_runs = [r for r in self.run.member_runs if r.id not in unstarted]

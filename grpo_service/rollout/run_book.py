@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic_core import to_json
 
-from grpo_service.core.registry import Registry, RunHandle
+from grpo_service.core.registry import Hold, Registry, RunHandle
 from grpo_service.errors import CapacityExceeded, Conflict, ServiceError
 
 
@@ -24,18 +24,22 @@ class RunBook:
         self.kept_bytes = 0
         self._kept: OrderedDict[str, RunHandle] = OrderedDict()  # runs holding a result, oldest first
 
-    def register(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
-        self.admit([run_id])
-        return self.add(run_id, kind, ops_total, rl_run_id)
+    def register(
+        self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "", hold: Hold | None = None
+    ) -> RunHandle:
+        self.admit([run_id], hold)
+        return self.add(run_id, kind, ops_total, rl_run_id, hold)
 
-    def admit(self, run_ids: list[str]) -> None:
-        """Refuse (409/429) unless every one of ``run_ids`` can be registered now. Registering
-        them must follow with no ``await`` in between, so that admission is all-or-nothing."""
+    def admit(self, run_ids: list[str], hold: Hold | None = None) -> None:
+        """Refuse (409/429) unless every one of ``run_ids`` can be registered now (in slots
+        ``hold`` holds, or free ones). Registering them must follow with no ``await`` in between,
+        so that admission is all-or-nothing."""
         for run_id in run_ids:
             existing = self.registry.runs.find(run_id)
             if existing is not None and not existing.finished:
                 raise Conflict(f"run {run_id!r} is already running", code="run_exists")
-        if self.registry.active_runs() + len(run_ids) > self.registry.max_active_runs:
+        held = min(len(run_ids), hold.free) if hold is not None else 0
+        if len(run_ids) - held > self.registry.run_slots.free():
             needed = f"{len(run_ids)} run slots" if len(run_ids) > 1 else "a run slot"
             raise CapacityExceeded(
                 f"{self.registry.max_active_runs} runs at most may be active and {needed} are not "
@@ -43,9 +47,13 @@ class RunBook:
                 headers={"Retry-After": "1"},
             )
 
-    def add(self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "") -> RunHandle:
+    def add(
+        self, run_id: str, kind: str, ops_total: int, rl_run_id: str = "", hold: Hold | None = None
+    ) -> RunHandle:
         self._forget(self.registry.runs.pop(run_id))
         run = RunHandle(id=run_id, rl_run_id=rl_run_id, kind=kind, ops_total=ops_total)  # type: ignore[arg-type]
+        if hold is not None and hold.take(run_id):
+            run.hold = hold
         self._evict_finished()
         self.registry.runs.put_evicting(run_id, run)
         return run
@@ -62,6 +70,8 @@ class RunBook:
         run.status = status  # type: ignore[assignment]
         run.finished_at = time.time()
         run.error = error
+        if run.hold is not None:  # its slot goes back to the request that held it
+            run.hold.give_back(run.id)
         # Only background runs keep their result for /run/status: a blocking call has already
         # returned it.
         if result is not None and run.task is not None:
