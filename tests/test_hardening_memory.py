@@ -165,21 +165,21 @@ def test_concurrent_groups_and_trees_are_each_admitted_whole_or_refused_429(
 def test_a_batch_holds_the_slots_of_its_rollouts_in_flight(
     client: httpx.Client, llm: FakeInferenceServer
 ) -> None:
-    batch = {"env": "crafter", "model": MODEL, "base_url": llm.base_url, "max_round": 2}
-    # Two batches of 15 at once on 20 slots: one plays every id, the other is refused up front.
-    calls = [("/rollouts", {**batch, "ids": list(range(15)), "concurrency": 15})] * 2
+    batch = {"env": "textcraft", "model": MODEL, "base_url": llm.base_url, "max_round": 2}
+    # Two batches of 12 at once on 20 slots: one plays every id, the other is refused up front.
+    calls = [("/rollouts", {**batch, "ids": list(range(12)), "concurrency": 12})] * 2
     answers = asyncio.run(concurrently(str(client.base_url), calls))
     assert sorted(a.status_code for a in answers) == [200, 429], [a.text[:300] for a in answers]
     played = next(a for a in answers if a.status_code == 200).json()
-    assert played["failed"] == 0 and played["completed"] == 15
+    assert played["failed"] == 0 and played["completed"] == 12
     refused = assert_error(next(a for a in answers if a.status_code == 429), 429)
-    assert "the batch (15 rollouts at once) needs 15 env slots" in refused["detail"], refused
-    # 30 ids, 8 at a time: 8 slots held for the whole batch and reused, beside a group of 12.
+    assert "the batch (12 rollouts at once) needs 12 env slots" in refused["detail"], refused
+    # 12 ids, 4 at a time: 4 slots held for the whole batch and reused, beside a group of 12.
     calls = [
-        ("/rollouts", {**batch, "ids": list(range(30)), "concurrency": 8}),
+        ("/rollouts", {**batch, "ids": list(range(12)), "concurrency": 4}),
         ("/rollout/group", react_group(12)),
     ]
     many, beside = asyncio.run(concurrently(str(client.base_url), calls))
-    assert many.status_code == 200 and many.json()["completed"] == 30, many.text[:500]
+    assert many.status_code == 200 and many.json()["completed"] == 12, many.text[:500]
     assert beside.status_code == 200 and beside.json()["metrics"]["failed"] == 0
     assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}
