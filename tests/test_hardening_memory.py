@@ -183,3 +183,13 @@ def test_a_batch_holds_the_slots_of_its_rollouts_in_flight(
     assert many.status_code == 200 and many.json()["completed"] == 12, many.text[:500]
     assert beside.status_code == 200 and beside.json()["metrics"]["failed"] == 0
     assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}
+
+
+def test_an_rl_job_whose_groups_the_task_app_would_refuse_fails_at_once(client: httpx.Client) -> None:
+    """The task app's budget, read from /info before the model is loaded: 8 × 20 turns > 100."""
+    from grpo_service.training_api.llm_jobs import train_rl_job
+    from training.llm.config import RLConfig
+
+    config = RLConfig(task_app_url=str(client.base_url), group_size=8, max_turns=20, model="/nonexistent")
+    with pytest.raises(ValueError, match=r"up to 160 turns \(group_size 8 × max_turns 20\).*more than 100"):
+        train_rl_job(config)
