@@ -14,6 +14,7 @@ LLM answering in 50 ms (so that concurrent requests overlap); crafter-random nee
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ import httpx
 import pytest
 
 from grpo_service import create_app
+from grpo_service.models import RolloutStep
 from tests.conftest import MODEL, make_settings
 from tests.hardening import assert_error, counts
 from tools.fake_server import FakeConfig, FakeInferenceServer
@@ -99,10 +101,17 @@ def test_a_request_over_the_turn_budget_is_refused_up_front_naming_the_numbers(c
     assert client.get("/info").json()["limits"]["max_request_turns"] == TURN_BUDGET
 
 
+def live_steps() -> int:
+    """Step records alive in this process (the task app runs in a thread of it)."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, RolloutStep))
+
+
 def test_finished_background_results_are_kept_within_their_byte_budget(client: httpx.Client) -> None:
     """Three background groups of about 90 KB of JSON each and a 200 KB budget: the oldest result
     is dropped, the two newest are answered whole, and what the server keeps (measured as the
-    result bodies /run/status answers) stays under the budget."""
+    result bodies /run/status answers) stays under the budget; no step object of theirs is alive."""
+    steps_alive = live_steps()
     ids = []
     for i in range(3):
         started = client.post("/rollout/group/start", json=group(4, 10, group_id=f"kept-{i}"))
@@ -118,6 +127,8 @@ def test_finished_background_results_are_kept_within_their_byte_budget(client: h
     for status in newest:
         assert not status["result_evicted"] and len(status["result"]["members"]) == 4
         assert all(len(m["result"]["trajectories"][0]["steps"]) == 10 for m in status["result"]["members"])
+    # Nothing else of them is alive: not the response objects (a finished task's return value).
+    assert live_steps() == steps_alive
     # Dropped one by one, oldest first, as new results arrive; the runs stay listed.
     listed = {r["run_id"] for r in client.get("/run/list?limit=500").json()["runs"]}
     assert set(ids) <= listed

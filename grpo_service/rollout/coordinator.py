@@ -255,10 +255,16 @@ async def _released(claim: Claim | None, work: Awaitable[T]) -> T:
             claim.release()
 
 
-def _in_background(run: RunHandle, work: Any) -> RunHandle:
-    run.task = asyncio.create_task(work)
+def _in_background(run: RunHandle, work: Awaitable[Any]) -> RunHandle:
+    run.task = asyncio.create_task(_discarding(work))
     run.task.add_done_callback(_consume_exception)
     return run
+
+
+async def _discarding(work: Awaitable[Any]) -> None:
+    """Run ``work`` for its effects: the run keeps its result as JSON (`RunBook.finish`), and a
+    task that returned the response would keep every object of it alive as long as the run."""
+    await work
 
 
 def _consume_exception(task: asyncio.Task[Any]) -> None:
