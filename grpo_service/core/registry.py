@@ -315,7 +315,8 @@ class Registry:
         capacity short of them. Synchronous: nothing else is admitted between check and hold."""
         wanted = ((self.envs, envs), (self.policies, policies), (self.run_slots, runs))
         short = [
-            f"{n} {pool.what} slots ({max(0, pool.free())} of {pool.setting} {pool.capacity} are free)"
+            f"{n} {pool.what} slot{'s' * (n != 1)} "
+            f"({max(0, pool.free())} of {pool.setting} {pool.capacity} are free)"
             for pool, n in wanted
             if n > pool.free()
         ]
