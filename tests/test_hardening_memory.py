@@ -104,7 +104,7 @@ def test_a_request_over_the_turn_budget_is_refused_up_front_naming_the_numbers(c
 def live_steps() -> int:
     """Step records alive in this process (the task app runs in a thread of it)."""
     gc.collect()
-    return sum(1 for o in gc.get_objects() if isinstance(o, RolloutStep))
+    return sum(1 for o in gc.get_objects() if type(o) is RolloutStep)
 
 
 def test_finished_background_results_are_kept_within_their_byte_budget(client: httpx.Client) -> None:
