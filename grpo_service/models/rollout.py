@@ -133,6 +133,14 @@ class RolloutPlan(Request):
         """This request's `RolloutPlan` fields, to pass on to the rollouts it starts."""
         return {name: getattr(self, name) for name in RolloutPlan.model_fields}
 
+    def turns_per_rollout(self) -> int:
+        """Decisions one rollout of this plan may make: its ``agent`` ops within ``safety.max_ops``."""
+        cap = self.safety.max_ops
+        if self.ops is not None:
+            return self.ops[:cap].count("agent")
+        turns = self.max_turns or 0
+        return turns if cap is None else min(turns, (cap + 1) // 2)
+
 
 class RolloutRequest(RolloutPlan):
     """Play a policy in an environment: ``ops`` of ``agent`` (decide) and ``env`` (execute), or

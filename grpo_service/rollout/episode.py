@@ -141,8 +141,13 @@ class EpisodeLoop:
         if spec.policy_id is not None:
             return unshared(self.policies.get(spec.policy_id), "policy"), False
         assert spec.policy_name is not None
+        claim = self.run.claim  # the slot held for it since the rollout's admission
         created = await self.policies.create(
-            spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
+            spec.policy_name,
+            spec.config,
+            self.req.rl_run_id,
+            bound_env_id=self.env.id,
+            hold=claim.policies if claim is not None else None,
         )
         return created, True
 
