@@ -14,9 +14,9 @@ import openai
 import pytest
 import torch
 
+from inference.tool_calls import parse_tool_calls
 from tests.llm_helpers import make_tiny_model
 from tools.server_thread import ServerThread
-from training.llm.chat import parse_tool_calls
 from training.llm.logprobs import completion_logprobs
 from training.llm.server import ModelEngine, create_model_app
 
