@@ -28,5 +28,3 @@ FORMAT_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPO
 FORMAT_TOKENS += (THINK_OPEN, THINK_CLOSE)
 
 CHAT_TEMPLATE = resources.files("training.llm").joinpath("templates/qwen3.jinja").read_text(encoding="utf-8")
-
-
