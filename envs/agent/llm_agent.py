@@ -434,7 +434,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         completion = call.completion_token_ids or []
         stream.ids = prompt + completion
         stream.closed = tokens.closes_turn(completion)
-        stream.restart = "max_tokens" if call.finish_reason == "length" else None
+        stream.restart = None
         meta["stream"] = {
             "segment": stream.segments,
             "segment_start": segment_start,

@@ -20,9 +20,11 @@ decides:
   conversation; segments are counted.
 - ``"off"``: one chat completion per decision (the server renders each prompt).
 
-A stream also restarts (a new segment, from the template's rendering of the conversation) after
-a completion cut by ``max_tokens`` (``max_tokens``), and when the extended prompt no longer fits
-the model's context (``context_limit``): the reason is recorded.
+A completion cut by ``max_tokens`` (``finish_reason: "length"``) is closed as the template closes
+a turn (its end-of-turn tokens follow it, unsampled) and the stream goes on; its span records the
+cut. When the extended prompt no longer fits the model's context, the stream ends
+(``context_limit``) and a new segment starts from the template's rendering of the conversation
+(the history window bounds it). Every segment start is recorded with its reason.
 """
 
 from __future__ import annotations
@@ -34,10 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from envs.agent.formats import Turn
 
 StreamMode = Literal["exact", "segment", "off"]
-# Why a segment starts: the episode's first prompt; the previous completion was cut by
-# max_tokens; the extended stream would not fit the context; the template renders the history
-# differently (mode "segment").
-SegmentStart = Literal["start", "max_tokens", "context_limit", "template_differs"]
+# Why a segment starts: the episode's first prompt; the extended stream would not fit the
+# context; the template renders the history differently (mode "segment").
+SegmentStart = Literal["start", "context_limit", "template_differs"]
 
 
 class StreamState(BaseModel):

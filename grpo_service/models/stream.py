@@ -12,7 +12,11 @@ class StreamSpan(BaseModel):
     end: int = Field(ge=0, description="One past its last token.")
     turn: int = Field(ge=0, description="The decision (rollout turn) that sampled it.")
     weights_version: int | None = Field(default=None, description="The weights that sampled it.")
-    finish_reason: str | None = Field(default=None, description="`stop` or `length` (cut by max_tokens).")
+    finish_reason: str | None = Field(
+        default=None,
+        description="`stop`, or `length`: cut by max_tokens (the turn's end-of-turn tokens follow it, "
+        "unsampled, and the stream goes on).",
+    )
 
 
 class TokenStream(BaseModel):
@@ -26,8 +30,8 @@ class TokenStream(BaseModel):
     logprobs: list[float] = Field(description="The sampler's logprob of each sampled token; 0 elsewhere.")
     spans: list[StreamSpan] = Field(description="The completions, in order.")
     start_reason: str = Field(
-        description="Why this segment starts: `start` (the episode's first prompt), `max_tokens` (the "
-        "last completion was cut), `context_limit` (the stream outgrew the context), `template_differs` "
+        description="Why this segment starts: `start` (the episode's first prompt), `context_limit` (the "
+        "stream outgrew the model's context), `template_differs` "
         "(token_stream 'segment'), `prefix_break` (the prompt did not extend the stream: a per-decision "
         "chat, or a policy without streams)."
     )

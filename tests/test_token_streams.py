@@ -1,0 +1,153 @@
+"""Token-in/token-out rollouts: an episode played as one token stream against serve-model (a tiny
+model made here) and the fake, and the trainer's one-pass recomputation of the whole stream."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+from grpo_service import create_app
+from tests.conftest import make_settings
+from tests.llm_helpers import make_tiny_model
+from tools.server_thread import ServerThread
+from training.llm.config import RLConfig
+from training.llm.logprobs import TokenBatch, token_logprobs
+from training.llm.model import load
+from training.llm.rl import StreamSample, build_batch, update
+from training.llm.server import ModelEngine, create_model_app
+from training.llm.streams import TokenStream
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("streams") / "model", max_positions=4096)
+
+
+@pytest.fixture(scope="module")
+def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    torch.set_num_threads(1)
+    engine = ModelEngine(model_dir, served_name="tiny")
+    with ServerThread(create_model_app(engine), name="model-server") as served:
+        settings = make_settings(
+            tmp_path_factory.mktemp("app"), vllm_base_url=served.base_url, default_model="tiny"
+        )
+        with ServerThread(create_app(settings), name="task-app") as app:
+            yield {"app": app.base_url, "engine": engine, "model": served.base_url}
+    engine.close()
+
+
+def rollout(stack: dict[str, Any], model_dir: Path, turns: int, **config: Any) -> dict[str, Any]:
+    body = {
+        "env": {"env_name": "babyai", "seed": 4},
+        "policy": {
+            "policy_name": "babyai-agent",
+            "config": {"tokenizer": str(model_dir), "max_tokens": 6, "temperature": 1.0, "seed": 5, **config},
+        },
+        "max_turns": turns,
+        "on_done": "terminate",
+    }
+    r = httpx.post(f"{stack['app']}/rollout", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def check_stream_extends(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every prompt starts with the last prompt + completion; the streams hold each step."""
+    (trajectory,) = result["trajectories"]
+    steps = trajectory["steps"]
+    previous: list[int] | None = None
+    for step in steps:
+        llm = step["llm"]
+        if previous is not None:
+            assert llm["prompt_token_ids"][: len(previous)] == previous, step["turn"]
+        previous = llm["prompt_token_ids"] + llm["completion_token_ids"]
+    (stream,) = trajectory["streams"]
+    assert stream["token_ids"] == previous
+    assert [s["turn"] for s in stream["spans"]] == [s["turn"] for s in steps]
+    for span, step in zip(stream["spans"], steps, strict=True):
+        assert stream["token_ids"][span["start"] : span["end"]] == step["llm"]["completion_token_ids"]
+        assert stream["logprobs"][span["start"] : span["end"]] == step["llm"]["completion_logprobs"]
+        assert set(stream["sampled"][span["start"] : span["end"]]) == {1}
+    assert sum(stream["sampled"]) == sum(len(s["llm"]["completion_token_ids"]) for s in steps)
+    assert result["metrics"]["stream_segments"] == 1
+    return trajectory["streams"]
+
+
+def worst_logprob_gap(model: Any, stream: dict[str, Any]) -> float:
+    """One fp32 forward over the whole stream against every sampled token's sampler logprob."""
+    parsed = TokenStream.from_json(stream)
+    batch = TokenBatch.from_rows([parsed.token_ids], [[float(m) for m in parsed.sampled]], 0)
+    with torch.no_grad():
+        lp = token_logprobs(model, batch)[0]
+    sampled = torch.tensor(parsed.sampled, dtype=torch.bool)
+    return float((lp[sampled] - torch.tensor(parsed.logprobs)[sampled]).abs().max())
+
+
+def test_a_20_turn_episode_is_one_stream_the_trainer_reproduces(
+    stack: dict[str, Any], model_dir: Path, tmp_path: Path
+) -> None:
+    result = rollout(stack, model_dir, 20)
+    (stream,) = check_stream_extends(result)
+    assert len(stream["spans"]) == 20 and result["metrics"]["num_decisions"] == 20
+    # A tiny random model rarely stops by itself: cut turns go on in the same stream.
+    assert any(s["finish_reason"] == "length" for s in stream["spans"])
+    model, _ = load(model_dir)
+    assert worst_logprob_gap(model, stream) <= TOLERANCE
+    # Held after a weight sync: other weights served, the same check against them.
+    other = make_tiny_model(tmp_path / "other", seed=1, max_positions=4096)
+    stack["engine"].reload_weights(other)
+    try:
+        (stream,) = check_stream_extends(rollout(stack, model_dir, 20))
+        assert worst_logprob_gap(load(other)[0], stream) <= TOLERANCE
+    finally:
+        stack["engine"].reload_weights(model_dir)
+
+
+@pytest.mark.parametrize("prompt_format", ["agentgym", "tool_calls"])
+def test_the_trainer_trains_one_sequence_per_stream(
+    stack: dict[str, Any], model_dir: Path, prompt_format: str
+) -> None:
+    results = [rollout(stack, model_dir, 4, prompt_format=prompt_format, seed=s) for s in (1, 2)]
+    for result in results:
+        check_stream_extends(result)
+    group = {
+        "members": [
+            {"group_index": i, "run_id": r["run_id"], "status": r["status"], "result": r}
+            for i, r in enumerate(results)
+        ]
+    }
+    # Rewards differ only by the format penalty: a tiny model's invalid replies still give signal.
+    config = RLConfig(
+        model=str(model_dir),
+        task_app_url="http://127.0.0.1:1",
+        model_server_url="http://127.0.0.1:1",
+        env_name="babyai",
+        policy_name="babyai-agent",
+        max_turns=4,
+        format_penalty=1.0,
+        kl_coef=0.01,
+    )
+    batch = build_batch([group], config, version=0)
+    assert batch.samples and all(isinstance(s, StreamSample) for s in batch.samples)
+    assert batch.stats["streams"] == 2 and batch.stats["decisions_without_tokens"] == 0
+    model, tokenizer = load(model_dir)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    metrics = update(model, None, optimizer, batch.samples, config, 0)
+    assert metrics["logprob_max_abs_diff"] <= TOLERANCE
+    assert metrics["sequences"] == 2
+    streams = [r["trajectories"][0]["streams"][0] for r in results]
+    assert metrics["forward_tokens"] == sum(len(s["token_ids"]) for s in streams)
+    per_decision = build_batch([group], config.model_copy(update={"sequences": "decision"}), version=0)
+    assert len(per_decision.samples) == 8
+    assert (
+        sum(len(s.prompt_ids) + len(s.completion_ids) for s in per_decision.samples)
+        > metrics["forward_tokens"]
+    )
