@@ -3,6 +3,7 @@ model made here) and the fake, and the trainer's one-pass recomputation of the w
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,14 +13,18 @@ import pytest
 import torch
 
 from grpo_service import create_app
+from grpo_service.tracing import TraceReader
+from grpo_service.tracing.export import ExportFilters, export_sft
 from tests.conftest import make_settings
 from tests.llm_helpers import make_tiny_model
+from tests.test_llm_loop import wait_for_runs
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig
 from training.llm.logprobs import TokenBatch, token_logprobs
 from training.llm.model import load
 from training.llm.rl import StreamSample, build_batch, update
 from training.llm.server import ModelEngine, create_model_app
+from training.llm.sft import load_examples
 from training.llm.streams import TokenStream
 
 TOLERANCE = 1e-5
@@ -35,11 +40,12 @@ def stack(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
     torch.set_num_threads(1)
     engine = ModelEngine(model_dir, served_name="tiny")
     with ServerThread(create_model_app(engine), name="model-server") as served:
+        root = tmp_path_factory.mktemp("app")
         settings = make_settings(
-            tmp_path_factory.mktemp("app"), vllm_base_url=served.base_url, default_model="tiny"
+            root, vllm_base_url=served.base_url, default_model="tiny", trace_db=root / "traces.db"
         )
         with ServerThread(create_app(settings), name="task-app") as app:
-            yield {"app": app.base_url, "engine": engine, "model": served.base_url}
+            yield {"app": app.base_url, "engine": engine, "model": served.base_url, "db": root / "traces.db"}
     engine.close()
 
 
@@ -151,3 +157,27 @@ def test_the_trainer_trains_one_sequence_per_stream(
         sum(len(s.prompt_ids) + len(s.completion_ids) for s in per_decision.samples)
         > metrics["forward_tokens"]
     )
+
+
+def test_the_trace_keeps_the_stream_and_export_and_sft_read_it(
+    stack: dict[str, Any], model_dir: Path, tmp_path: Path
+) -> None:
+    result = rollout(stack, model_dir, 3, seed=9)
+    (stream,) = check_stream_extends(result)
+    wait_for_runs(stack["db"], {result["run_id"]})
+    with TraceReader(stack["db"]) as reader:
+        (session_id,) = reader.session_ids(result["run_id"])
+        (traced,) = reader.streams(session_id)
+        # The per-decision view stays: each turn's call as it was.
+        assert [t["llm"]["completion_token_ids"] for t in reader.turns(session_id)] == [
+            s["llm"]["completion_token_ids"] for s in result["trajectories"][0]["steps"]
+        ]
+    assert {k: traced[k] for k in stream} == stream
+    out = tmp_path / "streams.jsonl"
+    report = export_sft(stack["db"], out, ExportFilters(run_ids=[result["run_id"]]), streams=True)
+    assert report.examples == 1, report.as_dict()
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["token_ids"] == stream["token_ids"] and line["sampled"] == stream["sampled"]
+    examples, skipped = load_examples(out, load(model_dir)[1], 4096)
+    assert not skipped and examples[0].input_ids == stream["token_ids"]
+    assert examples[0].assistant_mask == stream["sampled"]
