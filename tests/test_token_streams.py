@@ -15,9 +15,10 @@ import torch
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
-from tests.conftest import make_settings
+from tests.conftest import MODEL, make_settings
 from tests.llm_helpers import make_tiny_model
 from tests.test_llm_loop import wait_for_runs
+from tools.fake_server import FakeInferenceServer
 from tools.server_thread import ServerThread
 from training.llm.config import RLConfig
 from training.llm.logprobs import TokenBatch, token_logprobs
@@ -181,3 +182,62 @@ def test_the_trace_keeps_the_stream_and_export_and_sft_read_it(
     examples, skipped = load_examples(out, load(model_dir)[1], 4096)
     assert not skipped and examples[0].input_ids == stream["token_ids"]
     assert examples[0].assistant_mask == stream["sampled"]
+
+
+# ---- every env, every path, against the fake (its toy tokenizer) ----------------------------
+
+ENV_CASES = [
+    ("crafter", "crafter-react", "tool_calls"),
+    ("textcraft", "textcraft-agent", "agentgym"),
+    ("textcraft", "textcraft-agent", "tool_calls"),
+    ("babyai", "babyai-agent", "agentgym"),
+    ("sciworld", "sciworld-agent", "tool_calls"),
+]
+
+
+def streams_of(result: dict[str, Any]) -> list[dict[str, Any]]:
+    return [s for t in result["trajectories"] for s in t["streams"]]
+
+
+def test_every_env_and_path_plays_streams_against_the_fake(
+    client: httpx.Client, fake_llm: FakeInferenceServer
+) -> None:
+    for env, policy, prompt_format in ENV_CASES:
+        config = {"model": MODEL, "tokenizer": "toy", "prompt_format": prompt_format}
+        spec = {"env": {"env_name": env, "seed": 2}, "policy": {"policy_name": policy, "config": config}}
+        r = client.post("/rollout", json={**spec, "max_turns": 3})
+        assert r.status_code == 200, (env, r.text)
+        result = r.json()
+        (stream,) = streams_of(result)
+        assert len(stream["spans"]) == result["metrics"]["num_decisions"] == 3, (env, prompt_format)
+        assert stream["start_reason"] == "start" and stream["end_reason"] == result["stop_reason"]
+    # A group, and a forking group: each continuation's stream holds its parent's tokens unsampled.
+    spec = {
+        "env": {"env_name": "crafter", "seed": 5},
+        "policy": {"policy_name": "crafter-react", "config": {"model": MODEL, "tokenizer": "toy"}},
+        "max_turns": 4,
+        "group_size": 2,
+    }
+    for fork in (None, {"at_turns": [2], "continuations": 2}):
+        r = client.post("/rollout/group", json={**spec, **({"fork": fork} if fork else {})})
+        assert r.status_code == 200, r.text
+        members = [m["result"] for m in r.json()["members"]]
+        assert len(members) == (6 if fork else 2)
+        for result in members:
+            (stream,) = streams_of(result)
+            turns = [s["turn"] for s in stream["spans"]]
+            assert turns == [s["turn"] for t in result["trajectories"] for s in t["steps"]]
+            if result.get("fork_turn"):
+                assert turns[0] == 2 and sum(stream["sampled"][: stream["spans"][0]["start"]]) == 0
+    # The batch API.
+    body = {
+        "env": "textcraft",
+        "model": MODEL,
+        "base_url": fake_llm.base_url,
+        "ids": [0, 1],
+        "max_round": 2,
+    }
+    r = client.post("/rollouts", json={**body, "policy_config": {"tokenizer": "toy"}})
+    assert r.status_code == 200, r.text
+    for result in r.json()["results"]:
+        assert result["error"] is None and len(result["streams"]) == 1, result
