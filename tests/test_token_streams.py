@@ -241,3 +241,41 @@ def test_every_env_and_path_plays_streams_against_the_fake(
     assert r.status_code == 200, r.text
     for result in r.json()["results"]:
         assert result["error"] is None and len(result["streams"]) == 1, result
+
+
+def test_streams_end_cleanly_at_the_context_limit_and_an_invalid_reply(
+    client: httpx.Client, fake_llm: FakeInferenceServer
+) -> None:
+    def play(turns: int, **config: Any) -> dict[str, Any]:
+        policy = {"model": MODEL, "tokenizer": "toy", "max_tokens": 16, **config}
+        body = {
+            "env": {"env_name": "textcraft", "seed": 1},
+            "policy": {"policy_name": "textcraft-agent", "config": policy},
+            "max_turns": turns,
+        }
+        r = client.post("/rollout", json=body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    first = play(1)["trajectories"][0]["steps"][0]["llm"]
+    room = len(first["prompt_token_ids"]) + len(first["completion_token_ids"]) + 80
+    original = fake_llm.state.config
+    fake_llm.set_config(original.model_copy(update={"max_model_len": room}))
+    try:
+        # The stream outgrows the context: it ends there, and a new segment starts from the
+        # conversation as the template renders it (one turn of history).
+        result = play(6, history_window=1)
+        streams = streams_of(result)
+        assert len(streams) >= 2 and result["metrics"]["stream_segments"] == len(streams)
+        assert streams[0]["end_reason"] == streams[1]["start_reason"] == "context_limit"
+        assert sum(len(s["spans"]) for s in streams) == 6
+        # A history that never fits again ends the episode, its stream with the rollout's reason.
+        result = play(6)
+        assert result["stop_reason"] == "policy_error:inference_bad_request"
+        assert streams_of(result)[-1]["end_reason"] == result["stop_reason"]
+    finally:
+        fake_llm.set_config(original)
+    # An invalid reply that ends the episode (the fake writes no 'Action:' line) ends the stream.
+    result = play(3, on_invalid_reply="end")
+    (stream,) = streams_of(result)
+    assert result["stop_reason"] == stream["end_reason"] == "policy_error:no_action"
