@@ -33,6 +33,7 @@ import random
 import shutil
 import statistics
 import time
+import urllib.parse
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
@@ -106,6 +107,19 @@ class Batch:
 # ----------------------------------------------------------------------------- the rollouts
 
 
+def stream_tokenizer(config: RLConfig) -> str | None:
+    """The tokenizer the policy renders its token streams with, when the trainer names it: with
+    ``sequences = "stream"``, a task app on this machine and a policy config that names none (nor
+    ``token_stream: "off"``), the checkpoint trained from (its tokenizer never changes)."""
+    policy = config.policy_config
+    if config.sequences != "stream" or "tokenizer" in policy or policy.get("token_stream") == "off":
+        return None
+    if urllib.parse.urlsplit(config.task_app_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    path = Path(config.model)
+    return str(path.resolve()) if (path / "config.json").is_file() else None
+
+
 def group_request(
     config: RLConfig, seed: int, served_model: str, step: int, index: int, version: int
 ) -> dict[str, Any]:
@@ -114,6 +128,8 @@ def group_request(
         "inference_url": config.model_server_url,
         "model": served_model,
     }
+    if (tokenizer := stream_tokenizer(config)) is not None:
+        policy_config["tokenizer"] = tokenizer
     return {
         "group_id": f"grpo-s{step}-g{index}-{random.getrandbits(32):08x}",
         "group_size": config.group_size,
