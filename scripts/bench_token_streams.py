@@ -256,6 +256,12 @@ def main() -> None:
         "group_size": args.group_size,
     }
     started = time.perf_counter()
+
+    def save() -> None:  # after each part: a run cut short keeps what it measured
+        report["wall_s"] = round(time.perf_counter() - started, 1)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+
     with ServerThread(create_model_app(engine), name="model-server") as served:
         settings = Settings(
             _env_file=None,
@@ -268,14 +274,14 @@ def main() -> None:
             urls = (app.base_url, served.base_url)
             if "tokens" in args.parts:
                 report["tokens"] = tokens_part(model_dir, urls, args.seeds, args.group_size)
+                save()
             if "prefix_breaks" in args.parts:
                 report["prefix_breaks"] = breaks_part(model_dir, urls, args.seeds, args.group_size)
+                save()
             if "grpo" in args.parts and args.grpo_seeds:
                 report["grpo"] = grpo_part(model_dir, urls, args.grpo_seeds, args.work, args.grpo_steps)
     engine.close()
-    report["wall_s"] = round(time.perf_counter() - started, 1)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    save()
     print(f"wrote {args.out}")
 
 

@@ -279,3 +279,17 @@ def test_streams_end_cleanly_at_the_context_limit_and_an_invalid_reply(
     result = play(3, on_invalid_reply="end")
     (stream,) = streams_of(result)
     assert result["stop_reason"] == stream["end_reason"] == "policy_error:no_action"
+
+
+def test_where_qwen3s_template_renders_history_differently(stack: dict[str, Any], model_dir: Path) -> None:
+    """With thinking off, Qwen3's template pre-fills an empty <think> block for the reply and drops
+    it from the turns before: a re-rendered prompt never extends the last one. The exact stream
+    goes on and counts it; `segment` starts a new segment at every such turn."""
+    exact = rollout(stack, model_dir, 3, enable_thinking=False)
+    check_stream_extends(exact)
+    assert exact["metrics"]["template_differs"] == 2
+    segment = rollout(stack, model_dir, 3, enable_thinking=False, token_stream="segment")
+    streams = segment["trajectories"][0]["streams"]
+    assert segment["metrics"]["stream_segments"] == len(streams) == 3
+    assert [s["start_reason"] for s in streams] == ["start", "template_differs", "template_differs"]
+    assert streams[0]["end_reason"] == "template_differs"
