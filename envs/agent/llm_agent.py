@@ -24,6 +24,7 @@ known tokenizer it plays the episode as one token stream (`envs.agent.streams`).
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
@@ -389,8 +390,11 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         """One decision of a token stream: the stream extended by the tokens between, sent as
         token ids; the reply parsed here as a server's tool and reasoning parsers would."""
         try:
-            tokens = chat_tokens(self.config.tokenizer or TOY)
-            prompt, segment_start, differs = self._stream_prompt(tokens, observation, request)
+            # Off the event loop: loading a tokenizer, rendering and encoding a long conversation.
+            tokens = await asyncio.to_thread(chat_tokens, self.config.tokenizer or TOY)
+            prompt, segment_start, differs = await asyncio.to_thread(
+                self._stream_prompt, tokens, observation, request
+            )
         except Exception as exc:  # a template the tokenizer cannot render: the decision fails
             detail = f"cannot render the token stream: {type(exc).__name__}: {exc}"
             return PolicyDecision([], meta, error="inference_bad_request", error_detail=detail[:500])
@@ -411,7 +415,8 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
                     raise
                 # The extended stream no longer fits: a new segment from the conversation as the
                 # template renders it (the history window bounds it).
-                prompt, segment_start = self._render_ids(tokens, request), "context_limit"
+                prompt = await asyncio.to_thread(self._render_ids, tokens, request)
+                segment_start = "context_limit"
                 left = None if options.timeout_s is None else options.timeout_s - (time.monotonic() - started)
                 call = await client.complete_tokens(prompt, sampling, deadline_s=left)
         except InferenceError as exc:
