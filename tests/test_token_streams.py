@@ -293,3 +293,44 @@ def test_where_qwen3s_template_renders_history_differently(stack: dict[str, Any]
     assert segment["metrics"]["stream_segments"] == len(streams) == 3
     assert [s["start_reason"] for s in streams] == ["start", "template_differs", "template_differs"]
     assert streams[0]["end_reason"] == "template_differs"
+
+
+def test_tree_advantages_reach_each_span_of_a_stream(client: httpx.Client) -> None:
+    """A forking group played as streams: a root's stream is cut by its fork turn into stretches,
+    each span trained with its stretch's advantage; a continuation's stream trains only its own."""
+    body = {
+        "env": {"env_name": "crafter", "seed": 7},
+        "policy": {
+            "policy_name": "crafter-react",
+            "config": {"model": MODEL, "tokenizer": "toy", "temperature": 1.0},
+        },
+        "max_turns": 4,
+        "group_size": 2,
+        "fork": {"at_turns": [2], "continuations": 2},
+    }
+    r = client.post("/rollout/group", json=body)
+    assert r.status_code == 200, r.text
+    config = RLConfig(
+        model="m",
+        env_name="crafter",
+        policy_name="crafter-react",
+        max_turns=4,
+        advantage="tree",
+        fork={"at_turns": [2], "continuations": 2},
+        scale_by_std=False,
+        format_penalty=1.0,
+        kl_coef=0.01,
+    )
+    group = r.json()
+    batch = build_batch([group], config, version=0)
+    decisions = build_batch([group], config.model_copy(update={"sequences": "decision"}), version=0)
+    assert len(batch.samples) == 6 and batch.stats["streams"] == 6
+    expected = {(s.run_id, s.turn): s.advantage for s in decisions.samples}
+    members = {m["run_id"]: m["result"] for m in group["members"]}
+    for sample in batch.samples:
+        (stream,) = members[sample.run_id]["trajectories"][0]["streams"]
+        for span in stream["spans"]:
+            values = set(sample.train.advantages[span["start"] : span["end"]])
+            assert values == {expected[(sample.run_id, span["turn"])]}
+        own = sum(span["end"] - span["start"] for span in stream["spans"])
+        assert sum(sample.train.mask) == own  # a continuation's copied prefix is not trained again
