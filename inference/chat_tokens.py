@@ -120,6 +120,10 @@ def chat_tokens(spec: str) -> ChatTokens:
         raise ValueError(f"tokenizer {spec!r} is neither 'toy' nor a local directory")
     try:
         return HFChatTokens(path)
+    except ImportError:
+        raise ValueError(
+            f"tokenizer {spec!r}: a checkpoint's tokenizer needs transformers (grpo-service[train])"
+        ) from None
     except Exception as exc:  # a directory without a usable tokenizer
         raise ValueError(f"cannot load a tokenizer from {spec!r}: {type(exc).__name__}: {exc}") from None
 

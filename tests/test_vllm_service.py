@@ -352,6 +352,7 @@ def test_grpo_with_vllm_as_the_sampler(
     for r in trained:
         assert r["logprob_max_abs_diff"] < FIDELITY_BOUND, r
         assert r["weight_sync_s"] < 30
+        assert r["streams"] == r["sequences"] > 0  # token in, token out: one sequence per episode
     gaps, syncs = [r["logprob_max_abs_diff"] for r in trained], [r["weight_sync_s"] for r in trained]
     print(f"GRPO with vLLM: sampler/trainer max |diff| {gaps}, weight sync {syncs} s")
     sync.load(real_vllm.checkpoint, 0)
