@@ -22,6 +22,7 @@ from grpo_service.models.common import (
     request_config,
 )
 from grpo_service.models.policy import LLMCallRecord
+from grpo_service.models.stream import TokenStream
 
 Op = Literal["agent", "env"]
 
@@ -223,6 +224,12 @@ class Trajectory(BaseModel):
     done: bool = Field(description="The episode ended.")
     truncated: bool = Field(description="It ended at the step cap.")
     stop_reason: str = Field(description="Why this episode's play stopped.")
+    streams: list[TokenStream] = Field(
+        default_factory=list,
+        description="A policy that played the episode as token streams (mode 'rl', `token_stream`), with "
+        "token ids recorded: the episode as token streams, one per segment. Empty otherwise (the "
+        "per-step `llm` records are then the data).",
+    )
 
 
 class RolloutMetrics(BaseModel):
@@ -253,6 +260,14 @@ class RolloutMetrics(BaseModel):
     )
     weights_version_max: int | None = Field(
         default=None, description="The newest version (differs when weights changed mid-rollout)."
+    )
+    stream_segments: int = Field(
+        default=0, description="Token streams over all trajectories (1 per episode when nothing broke one)."
+    )
+    template_differs: int = Field(
+        default=0,
+        description="Turns whose prompt, rendered by the chat template from messages, differs from the "
+        "exact stream (a per-decision chat would have re-tokenized there).",
     )
 
 

@@ -192,6 +192,7 @@ def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
             response.trace or {}, final, {s.turn: s.feedback for s in steps if s.feedback is not None}
         ),
         turns=turns if has_tokens else None,
+        streams=trajectory.streams if trajectory else [],
         stop_reason=response.stop_reason,
         run_id=response.run_id,
         error=response.error,

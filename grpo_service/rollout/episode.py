@@ -242,6 +242,12 @@ class EpisodeLoop:
 
     def _record(self, decision: DecisionTrace) -> None:
         self.episode.steps.append(step_record(decision, self.req.record, self.with_tokens))
+        stream = decision.decision.meta.get("stream")
+        if isinstance(stream, dict):
+            self.episode.streamed = True
+            if stream.get("segment_start") not in (None, "start"):
+                self.episode.segment_starts[decision.turn] = stream["segment_start"]
+            self.episode.template_differs += bool(stream.get("template_differs"))
 
     async def _guarded(self, awaitable: Awaitable[T]) -> T:
         """Await, but give up at the deadline or on abort (cancelling the awaited work)."""
