@@ -504,6 +504,41 @@ class InferenceClient:
             exc.detail = redact(exc.detail, self._api_key)
             raise
 
+    async def complete_tokens(
+        self,
+        prompt_ids: list[int],
+        request: dict[str, Any],
+        *,
+        deadline_s: float | None = None,
+    ) -> LLMCall:
+        """Token in, token out: ``POST /v1/completions`` with the prompt as token ids (vLLM's
+        completions API takes one), asking for the completion's ``token_ids`` and each sampled
+        token's logprob; through `post_json`, as `chat` (same transport, retries, deadline and
+        errors).
+
+        ``request`` holds the sampling fields (``model``, ``max_tokens``, ``temperature``,
+        ``top_p``, ``seed``, ``stop``, ``extra_body``...). The call's ``response`` is the server's
+        text completion; its ``prompt_token_ids`` are the ids sent (the server's echo checked
+        against them: a server that re-tokenized them broke the stream)."""
+        body = {**request, "prompt": prompt_ids, "logprobs": 1}
+        body["extra_body"] = {**(body.get("extra_body") or {}), "return_token_ids": True}
+        started = time.monotonic()
+        data, attempts = await self.post_json("/completions", body, deadline_s=deadline_s)
+        try:
+            call = self._to_text_call(body, data, started, attempts)
+        except InferenceError as exc:
+            exc.attempts = attempts
+            exc.detail = redact(exc.detail, self._api_key)
+            raise
+        if call.prompt_token_ids is not None and call.prompt_token_ids != prompt_ids:
+            raise InferenceError(
+                "malformed_response",
+                f"the server answered for a different prompt ({len(call.prompt_token_ids)} token ids "
+                f"echoed, {len(prompt_ids)} sent)",
+                attempts,
+            )
+        return call
+
     async def post_json(
         self, path: str, body: dict[str, Any], *, deadline_s: float | None = None
     ) -> tuple[dict[str, Any], int]:
@@ -619,6 +654,47 @@ class InferenceClient:
             finish_reason=choices[0].get("finish_reason"),
             prompt_token_ids=prompt_ids,
             completion_token_ids=completion_ids,
+            completion_logprobs=logprobs,
+            weights_version=_weights_version(response),
+        )
+
+    def _to_text_call(self, body: dict[str, Any], response: Any, started: float, attempts: int) -> LLMCall:
+        """A ``/v1/completions`` answer (vLLM 0.32's shape, `text_choice`) as an `LLMCall`."""
+        choices = response.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise InferenceError("malformed_response", "the response has no choices")
+        choice = choices[0]
+        _check_str(choice.get("text"), "choices[0].text")
+        _check_str(choice.get("finish_reason"), "choices[0].finish_reason")
+        prompt_ids = _int_list(choice.get("prompt_token_ids"), "choices[0].prompt_token_ids")
+        ids = _int_list(choice.get("token_ids"), "choices[0].token_ids")
+        field = choice.get("logprobs")
+        logprobs: list[float] | None = None
+        if field is not None:
+            values = field.get("token_logprobs") if isinstance(field, dict) else None
+            if (
+                not isinstance(values, list)
+                or not set(map(type, values)) <= {float, int}
+                or not all(map(math.isfinite, values))
+            ):
+                raise _malformed("choices[0].logprobs.token_logprobs", "a list of finite numbers")
+            logprobs = [float(v) for v in values]
+        if ids is not None and logprobs is not None and len(ids) != len(logprobs):
+            raise TokenMismatchError(
+                f"choices[0]: {len(ids)} token ids but {len(logprobs)} logprobs; "
+                "refusing to guess an alignment"
+            )
+        _check_str(response.get("model"), "model")
+        return LLMCall(
+            request=body,
+            response=response,
+            latency_ms=(time.monotonic() - started) * 1000.0,
+            attempts=attempts,
+            usage=check_usage(response.get("usage")),
+            model=response.get("model"),
+            finish_reason=choice.get("finish_reason"),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=ids,
             completion_logprobs=logprobs,
             weights_version=_weights_version(response),
         )

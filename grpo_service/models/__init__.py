@@ -121,3 +121,4 @@ from grpo_service.models.runs import (  # noqa: F401
     RunProgress,
     RunStatusResponse,
 )
+from grpo_service.models.stream import StreamSpan, TokenStream  # noqa: F401

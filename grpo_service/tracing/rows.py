@@ -50,6 +50,7 @@ ENV_STEP_COLUMNS = _columns(
     "achievements_unlocked env_ms info"
 )
 REWARD_COLUMNS = _columns("session_id scope turn episode kind value annotation")
+STREAM_COLUMNS = _columns("session_id episode idx start_reason end_reason token_ids sampled logprobs spans")
 
 TABLE_COLUMNS: dict[str, list[str]] = {
     "sessions": SESSION_COLUMNS,
@@ -58,6 +59,7 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "llm_calls": LLM_COLUMNS,
     "env_steps": ENV_STEP_COLUMNS,
     "rewards": REWARD_COLUMNS,
+    "streams": STREAM_COLUMNS,
 }
 
 
@@ -284,6 +286,21 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
     )
     t["rewards"].append((session_id, "session", None, None, "achievements", float(len(achievements)), None))
     t["messages"] = messages.rows
+    for trajectory in response.trajectories:
+        for idx, stream in enumerate(trajectory.streams):
+            t["streams"].append(
+                (
+                    session_id,
+                    trajectory.episode,
+                    idx,
+                    stream.start_reason,
+                    stream.end_reason,
+                    dumps(stream.token_ids),
+                    dumps(stream.sampled),
+                    dumps(stream.logprobs),
+                    dumps([span.model_dump(mode="json") for span in stream.spans]),
+                )
+            )
 
     model, sampling = _model_and_sampling(trace)
     request = trace.request
