@@ -33,14 +33,20 @@ from grpo_service.api.services import Services
 from grpo_service.errors import ServiceError, Unauthorized, error_body
 from grpo_service.protocols.openenv import mcp
 from grpo_service.protocols.openenv.frames import (
-    ErrorCode,
-    FrameError,
     HealthStatus,
     Metadata,
     Schemas,
+    encode_frame,
     env_schemas,
 )
-from grpo_service.protocols.openenv.links import CAPACITY_CLOSE, ClusterLink, LinkRequest, LocalLink, Outcome
+from grpo_service.protocols.openenv.links import (
+    CAPACITY_CLOSE,
+    OUTCOME,
+    ClusterLink,
+    LinkRequest,
+    LocalLink,
+    Outcome,
+)
 from grpo_service.protocols.openenv.sessions import Sessions
 from grpo_service.version import __version__
 
@@ -90,8 +96,9 @@ class Connection:
     async def _receive(self) -> str | None | Literal[False]:
         """The next frame's text; ``None`` after an idle spell (time to check on the env);
         ``False`` once the client is gone."""
-        try:
-            message = await asyncio.wait_for(self.websocket.receive(), timeout=self.idle_s)
+        try:  # asyncio.timeout, not wait_for: no task per frame
+            async with asyncio.timeout(self.idle_s):
+                message = await self.websocket.receive()
         except TimeoutError:
             return None
         except (WebSocketDisconnect, RuntimeError):
@@ -106,12 +113,10 @@ class Connection:
             return "\x00"  # not UTF-8: answered INVALID_JSON like any other unreadable frame
 
     async def _send(self, reply: dict[str, Any]) -> bool:
+        text = encode_frame(reply)
         try:
-            text = json.dumps(reply, ensure_ascii=False, allow_nan=False)
-        except ValueError as exc:  # an env observation with a NaN: the client gets the error instead
-            text = json.dumps(FrameError(ErrorCode.EXECUTION_ERROR, f"unencodable reply: {exc}").frame())
-        try:
-            await asyncio.wait_for(self.websocket.send_text(text), timeout=SEND_TIMEOUT_S)
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                await self.websocket.send_text(text)
         except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
             return False
         return True
@@ -206,7 +211,7 @@ def openenv_server(env_name: str, services: Services, app: FastAPI) -> FastAPI:
         """A Ray front's socket, operating its session on this host (internal)."""
         outcome = await LocalLink(sessions).serve(request)
         full = outcome.reply is not None and outcome.close == CAPACITY_CLOSE
-        return JSONResponse(outcome.model_dump(mode="json"), 429 if full else 200)
+        return JSONResponse(OUTCOME.dump_python(outcome, mode="json"), 429 if full else 200)
 
     return server
 
