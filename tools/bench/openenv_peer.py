@@ -26,11 +26,6 @@ import time
 import uuid
 from typing import Any
 
-from openenv.core import GenericEnvClient
-
-# The service's site-packages (the game's data package), after this venv's own packages.
-sys.path.extend(p for p in os.environ.get("PEER_EXTRA_PATH", "").split(os.pathsep) if p)
-
 
 def serve(fd: int) -> None:
     import uvicorn
@@ -81,6 +76,8 @@ def serve(fd: int) -> None:
 async def _round(url: str, clients: int, steps: int, actions: list[str], seed: int) -> float:
     """``clients`` sessions on ``url`` (connected and reset outside the timing), each stepping
     ``steps`` times with random ``actions`` (a finished episode is reset, not counted): steps/s."""
+    from openenv.core import GenericEnvClient
+
     envs = [GenericEnvClient(base_url=url, message_timeout_s=600) for _ in range(clients)]
     for env in envs:
         await env.connect()
@@ -88,7 +85,7 @@ async def _round(url: str, clients: int, steps: int, actions: list[str], seed: i
         for i, env in enumerate(envs):
             await env.reset(seed=seed + i)
 
-        async def play(i: int, env: GenericEnvClient) -> None:
+        async def play(i: int, env: Any) -> None:
             rng = random.Random(seed * 1000 + i)
             for _ in range(steps):
                 result = await env.step({"action": rng.choice(actions)})
@@ -120,6 +117,8 @@ async def drive(spec: dict[str, Any]) -> dict[str, list[float]]:
 
 
 def main(argv: list[str]) -> None:
+    # The service's site-packages (the game's data package), after this venv's own packages.
+    sys.path.extend(p for p in os.environ.get("PEER_EXTRA_PATH", "").split(os.pathsep) if p)
     if argv[0] == "serve":
         serve(int(argv[argv.index("--fd") + 1]))
     else:
