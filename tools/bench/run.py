@@ -280,6 +280,13 @@ SESSION_FIGURES: tuple[Figure, ...] = (
         "the same with registry envs over HTTP (POST /env/create, /env/step over 64 keep-alive connections)",
     ),
     Figure("http_sessions_p99_step_ms", "ms", "p99 /env/step latency at http_sessions_held", False),
+    Figure(
+        "sessions_held_ray",
+        "sessions",
+        "as sessions_held, through a Ray front with 2 hosts (serve --ray, unpinned)",
+    ),
+    Figure("sessions_p99_step_ms_ray", "ms", "p99 step latency at sessions_held_ray", False),
+    Figure("sessions_leaked_ray", "envs", "as sessions_leaked, through Ray", False),
 )
 FIGURES = FIGURES + PEER_FIGURES + SESSION_FIGURES
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
@@ -791,8 +798,26 @@ class Bench:
                 self.samples.add("sessions_leaked", report["leaked_after_drop"])
                 if report["rss_per_session_kb"] is not None:
                     self.samples.add("sessions_rss_per_session_kb", report["rss_per_session_kb"])
-        self.samples.extra["sessions"] = reports
         self.log(f"  {summary(reports)}")
+        self.log("live sessions through Ray (2 hosts, unpinned)")
+        ray = {"ray_address": "local", "ray_hosts": 2, "ray_host_cpus": 0.0}
+        with pinned(self.layout.harness):
+            through_ray = run_sessions(
+                self.plan.mode,
+                self.workdir,
+                server_cpus=None,
+                log=self.log,
+                serving=ray,
+                transports=("openenv",),
+            )
+        for report in through_ray:
+            report["serving"] = "ray_2hosts"
+            self.samples.add("sessions_held_ray", report["sessions_held"])
+            if report["p99_step_ms"] is not None:
+                self.samples.add("sessions_p99_step_ms_ray", report["p99_step_ms"])
+            self.samples.add("sessions_leaked_ray", report["leaked_after_drop"])
+        self.log(f"  {summary(through_ray)}")
+        self.samples.extra["sessions"] = [*reports, *through_ray]
 
     # ------------------------------------------------------------------------------ report
 

@@ -304,8 +304,9 @@ def run_sessions(
     server_cpus: set[int] | None,
     log: Callable[[str], None],
     serving: dict[str, Any] | None = None,
+    transports: tuple[str, ...] = ("openenv", "http"),
 ) -> list[dict[str, Any]]:
-    """Both transports, each against a fresh server (``serving``: settings overrides, e.g.
+    """Each of ``transports`` against a fresh server (``serving``: settings overrides, e.g.
     through Ray); the load generator is this process (pin it to the harness's CPUs)."""
     plan = SESSION_PLANS[mode]
     limit = raise_fd_limit()
@@ -313,8 +314,8 @@ def run_sessions(
     if limit < needed:
         log(f"  note: the open-file limit is {limit}, {needed} wanted: levels above it will be refused")
     reports = []
-    for transport in ("openenv", "http"):
-        state = workdir / f"sessions-{transport}"
+    for transport in transports:
+        state = workdir / f"sessions-{transport}{'-ray' if serving else ''}"
         state.mkdir(parents=True, exist_ok=True)
         settings = {
             "state_dir": str(state / "state"),
