@@ -1,14 +1,14 @@
 """The peers' side of the OpenEnv comparison, run with the OpenEnv venv's Python
 (`tests/openenv_venv.py`), never imported by the service or pytest.
 
-    python -P openenv_peer.py serve --fd N     OpenEnv 0.10's own server (``create_app``, as an
+    python -P openenv_peer.py serve --fd N --extra-path P     OpenEnv 0.10's own server (``create_app``, as an
                                              env package ships it) hosting the project's
                                              TextCraft game, on the listening socket N
-    python -P openenv_peer.py drive SPEC_JSON  OpenEnv's own async client driving servers in
+    python -P openenv_peer.py drive SPEC_JSON --extra-path P OpenEnv's own async client driving servers in
                                              interleaved rounds; prints one JSON report
 
 The game is the same `envs.textcraft` logic the service plays (``PYTHONPATH`` names the
-project; ``PEER_EXTRA_PATH``, added after the venv's own packages, the site-packages holding its
+project; ``--extra-path``, added after the venv's own packages, the site-packages holding its
 game data), wrapped
 as an OpenEnv `Environment` the way an env author would: ``reset`` and ``step`` return a typed
 observation with the game's text and fields, ``state`` the episode id and step count.
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import random
 import socket
 import sys
@@ -117,8 +116,9 @@ async def drive(spec: dict[str, Any]) -> dict[str, list[float]]:
 
 
 def main(argv: list[str]) -> None:
-    # The service's site-packages (the game's data package), after this venv's own packages.
-    sys.path.extend(p for p in os.environ.get("PEER_EXTRA_PATH", "").split(os.pathsep) if p)
+    # --extra-path: the service's site-packages (the game's data package), after this venv's own.
+    if "--extra-path" in argv:
+        sys.path.append(argv[argv.index("--extra-path") + 1])
     if argv[0] == "serve":
         serve(int(argv[argv.index("--fd") + 1]))
     else:

