@@ -158,10 +158,12 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout, batch, viewer):  # each route lists the errors it can return
-        app.include_router(module.router)
+    # The protocol servers first: a request to one is then routed by its prefix, without being
+    # matched against every route of the service's API (a quarter of an AgentGym step's CPU).
     agentgym.mount(app, services)
     openenv.mount(app, services)
+    for module in (meta, env, policy, rollout, batch, viewer):  # each route lists the errors it can return
+        app.include_router(module.router)
     if settings.training_enabled:
         app.include_router(training.router)
     document_security(app)

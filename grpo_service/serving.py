@@ -10,6 +10,10 @@ from uvicorn.config import STARTUP_FAILURE
 from grpo_service.api.auth import check_bind_safety
 from grpo_service.config import Settings
 
+# Every WebSocket frame deflated and inflated (permessage-deflate, on by default) costs more CPU
+# than the frame itself on 127.0.0.1 or a cluster's network: OpenEnv replies are a few KB at most.
+UVICORN_OPTIONS: dict[str, object] = {"ws_per_message_deflate": False}
+
 RAY_MISSING = (
     "serving through Ray needs Ray: pip install 'grpo-service[ray]' (or pip install 'ray==2.60.0'); "
     "without it, serve one process (no --ray, no --workers)"
@@ -36,7 +40,9 @@ def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app
         return
     from grpo_service.app import create_app
 
-    config = uvicorn.Config(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    config = uvicorn.Config(
+        create_app(settings), host=settings.host, port=settings.port, log_level="info", **UVICORN_OPTIONS
+    )
     # Bind before the app's lifespan runs: through Ray, the lifespan starts Ray's processes, which
     # take ports of their own and could otherwise take ours first. A taken port now fails at once.
     try:

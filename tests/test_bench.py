@@ -23,6 +23,8 @@ ISSUE_FIGURES = {
     "rollout_steps_per_s",
     "rollout_traced_steps_per_s",
     "llm_bound",
+    "sessions_held",
+    "sessions_p99_step_ms",
 }
 ISSUE_RATIOS = {
     "step_vs_raw",
@@ -34,6 +36,10 @@ ISSUE_RATIOS = {
     "http_vs_floor",
     "decision_cpu_vs_floor",
     "trace_share_of_decision_cpu",
+    "openenv_vs_peer_1",
+    "openenv_vs_peer_16",
+    "agentgym_vs_peer_1",
+    "agentgym_vs_peer_8",
 }
 DECISION_FIGURES = {
     "floor_http_steps_per_s",

@@ -4,7 +4,9 @@ tests/test_bench.py, tests/test_bench_train.py)."""
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -24,3 +26,22 @@ def test_bench_help_lists_its_parts() -> None:
     result = CliRunner().invoke(app, ["bench", "--help"])
     assert result.exit_code == 0, result.output
     assert "--quick" in result.output
+
+
+@pytest.mark.parametrize("transport", ["openenv", "http"])
+async def test_live_sessions_part_holds_a_few_and_leaks_none(tmp_path: Path, transport: str) -> None:
+    """The live-sessions part against an embedded server: a few sessions, seconds."""
+    from grpo_service import Settings, create_app
+    from tools.bench.sessions import SessionsPlan, hold_sessions
+    from tools.server_thread import ServerThread
+
+    settings = Settings(_env_file=None, state_dir=tmp_path / "state", snapshot_secret="b" * 40)
+    server = ServerThread(create_app(settings), name="bench-sessions").start()
+    try:
+        plan = SessionsPlan(levels=(2, 5), period_s=0.2, hold_s=0.6, drain_s=10.0)
+        report = await hold_sessions(server.base_url, plan, os.getpid(), lambda _: None, transport=transport)
+    finally:
+        server.stop()
+    assert report["sessions_held"] == 5 and report["first_failing_level"] is None, report
+    assert report["leaked_after_drop"] == 0 and report["success_rate"] == 1.0, report
+    assert all(level["steps"] > 0 and level["p99_ms"] is not None for level in report["levels"]), report

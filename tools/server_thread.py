@@ -37,6 +37,8 @@ class ServerThread:
     def start(self, timeout_s: float = 15.0) -> Self:
         import uvicorn
 
+        from grpo_service.serving import UVICORN_OPTIONS
+
         if self._thread is not None:
             return self
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -49,6 +51,7 @@ class ServerThread:
             access_log=False,
             lifespan=self.lifespan,
             timeout_graceful_shutdown=2,
+            **UVICORN_OPTIONS,
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

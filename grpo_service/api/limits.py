@@ -86,6 +86,11 @@ def _nested_too_deep() -> json.JSONDecodeError:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
+# One decoder for every call (json.loads with these hooks builds one per call; the bytes are
+# decoded as json.loads decodes them).
+_STRICT_DECODER = json.JSONDecoder(parse_constant=_refuse_constant, parse_float=_finite_float)
+
+
 def strict_json(body: bytes | str) -> Any:
     """Parse standard JSON only (`json.JSONDecodeError` otherwise): Python's `json` accepts ``NaN``,
     ``Infinity``, ``1e400`` (→ inf) and lone UTF-16 surrogate escapes (``"\\ud800"``): none is valid
@@ -95,7 +100,7 @@ def strict_json(body: bytes | str) -> Any:
     `json` answers with a `RecursionError` (a 500, or a traceback per WebSocket frame)."""
     raw = body.encode() if isinstance(body, str) else body
     try:
-        value = json.loads(raw, parse_constant=_refuse_constant, parse_float=_finite_float)
+        value = _STRICT_DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError:
         raise _nested_too_deep() from None
     # Only a body with more brackets than the limit can nest that deep: count at C speed.

@@ -17,9 +17,11 @@ import socket
 import uvicorn
 
 
-def _serve(app: object, fd: int) -> None:
+def _serve(app: object, fd: int, options: dict[str, object] | None = None) -> None:
     sock = socket.socket(fileno=fd)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    config = uvicorn.Config(
+        app, log_level="warning", access_log=False, timeout_graceful_shutdown=2, **(options or {})
+    )
     uvicorn.Server(config).run(sockets=[sock])
 
 
@@ -32,9 +34,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.kind == "service":
         from grpo_service import Settings, create_app
+        from grpo_service.serving import UVICORN_OPTIONS
 
         settings = Settings(_env_file=None, **json.loads(args.settings))  # type: ignore[call-arg]
-        _serve(create_app(settings), args.fd)  # with RAY_ADDRESS: the front of a Ray cluster
+        _serve(create_app(settings), args.fd, UVICORN_OPTIONS)  # with RAY_ADDRESS: the front of a Ray cluster
     elif args.kind == "floor":
         from tools.bench.floor import create_floor_app
 

@@ -247,6 +247,48 @@ FIGURES: tuple[Figure, ...] = (
         False,
     ),
 )
+PEER_NOTE = (
+    "TextCraft steps/s, the service's server and the peer's both pinned to the service CPU, in "
+    "interleaved rounds (tools/bench/peers.py)"
+)
+PEER_FIGURES: tuple[Figure, ...] = tuple(
+    Figure(f"{side}_steps_per_s_{n}", "steps/s", f"{what}, {n} client{'s' if n > 1 else ''}; {PEER_NOTE}")
+    for proto, counts, ours, theirs in (
+        ("openenv", (1, 16), "/openenv/textcraft under OpenEnv's own client", "OpenEnv 0.10's own server"),
+        ("agentgym", (1, 8), "/agentgym/textcraft, lean keep-alive clients", "agentenv-textcraft's server"),
+    )
+    for n in counts
+    for side, what in ((proto, ours), (f"{proto}_peer", f"{theirs} under the same clients"))
+)
+SESSION_FIGURES: tuple[Figure, ...] = (
+    Figure(
+        "sessions_held",
+        "sessions",
+        "OpenEnv WebSocket sessions held at once, each stepping TextCraft once per 2 s, with every "
+        "session opened, every step answered and p99 <= 1 s (the last level of 256, 1,024, 2,048, "
+        "4,096 that passed; tools/bench/sessions.py); one-worker service",
+    ),
+    Figure("sessions_p99_step_ms", "ms", "p99 step latency (send to reply) at sessions_held", False),
+    Figure("sessions_success_rate", "fraction", "sessions opened and steps answered / asked, last level"),
+    Figure(
+        "sessions_rss_per_session_kb", "KiB", "server RSS growth per open session at sessions_held", False
+    ),
+    Figure("sessions_leaked", "envs", "envs still live 60 s after every socket dropped at once", False),
+    Figure(
+        "http_sessions_held",
+        "envs",
+        "the same with registry envs over HTTP (POST /env/create, /env/step over 64 keep-alive connections)",
+    ),
+    Figure("http_sessions_p99_step_ms", "ms", "p99 /env/step latency at http_sessions_held", False),
+    Figure(
+        "sessions_held_ray",
+        "sessions",
+        "as sessions_held, through a Ray front with 2 hosts (serve --ray, unpinned)",
+    ),
+    Figure("sessions_p99_step_ms_ray", "ms", "p99 step latency at sessions_held_ray", False),
+    Figure("sessions_leaked_ray", "envs", "as sessions_leaked, through Ray", False),
+)
+FIGURES = FIGURES + PEER_FIGURES + SESSION_FIGURES
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
 
 
@@ -295,6 +337,17 @@ RATIOS: tuple[Ratio, ...] = (
         "tracing's share of the service's CPU per decision (at most)",
         at_most=True,
     ),
+)
+RATIOS = RATIOS + tuple(
+    Ratio(
+        f"{proto}_vs_peer_{n}",
+        f"{proto}_steps_per_s_{n}",
+        f"{proto}_peer_steps_per_s_{n}",
+        1.5,
+        f"{proto} steps/s: the service / the peer's own server, {n} client{'s' if n > 1 else ''}",
+    )
+    for proto, counts in (("openenv", (1, 16)), ("agentgym", (1, 8)))
+    for n in counts
 )
 RATIO_KEYS = tuple(r.key for r in RATIOS)
 
@@ -517,6 +570,11 @@ class Bench:
                     self._floor(rep, floor_server, fake0)
             self.log("live-env memory (fresh server)")
             self._memory(fake0.base_url)
+            self.stop_all()
+            self.log("the peers' own servers, side by side")
+            self._peers()
+            self.log("live sessions")
+            self._sessions()
         finally:
             self.stop_all()
         return self._report(started)
@@ -707,6 +765,60 @@ class Bench:
                 server.stop()
                 self.servers.remove(server)
 
+    def _peers(self) -> None:
+        from tools.bench.peers import run_peers
+
+        with pinned(self.layout.harness):
+            values, notes = run_peers(
+                self.plan.mode,
+                self.workdir,
+                server_cpus=self.layout.service,
+                harness_cpus=self.layout.harness,
+                log=self.log,
+            )
+        for key, rounds in values.items():
+            for value in rounds:
+                self.samples.add(key, value)
+        self.notes.extend(notes)
+
+    def _sessions(self) -> None:
+        from tools.bench.sessions import run_sessions, summary
+
+        with pinned(self.layout.harness):
+            reports = run_sessions(
+                self.plan.mode, self.workdir, server_cpus=self.layout.service, log=self.log
+            )
+        for report in reports:
+            prefix = "sessions" if report["transport"] == "openenv" else "http_sessions"
+            self.samples.add(f"{prefix}_held", report["sessions_held"])
+            if report["p99_step_ms"] is not None:
+                self.samples.add(f"{prefix}_p99_step_ms", report["p99_step_ms"])
+            if prefix == "sessions":
+                self.samples.add("sessions_success_rate", report["success_rate"] or 0.0)
+                self.samples.add("sessions_leaked", report["leaked_after_drop"])
+                if report["rss_per_session_kb"] is not None:
+                    self.samples.add("sessions_rss_per_session_kb", report["rss_per_session_kb"])
+        self.log(f"  {summary(reports)}")
+        self.log("live sessions through Ray (2 hosts, unpinned)")
+        ray = {"ray_address": "local", "ray_hosts": 2, "ray_host_cpus": 0.0}
+        with pinned(self.layout.harness):
+            through_ray = run_sessions(
+                self.plan.mode,
+                self.workdir,
+                server_cpus=None,
+                log=self.log,
+                serving=ray,
+                transports=("openenv",),
+            )
+        for report in through_ray:
+            report["serving"] = "ray_2hosts"
+            self.samples.add("sessions_held_ray", report["sessions_held"])
+            if report["p99_step_ms"] is not None:
+                self.samples.add("sessions_p99_step_ms_ray", report["p99_step_ms"])
+            self.samples.add("sessions_leaked_ray", report["leaked_after_drop"])
+        self.log(f"  {summary(through_ray)}")
+        self.samples.extra["sessions"] = [*reports, *through_ray]
+
     # ------------------------------------------------------------------------------ report
 
     def _per_repeat(self, ratio: Ratio) -> list[float]:
@@ -787,6 +899,7 @@ class Bench:
             "figures": figures,
             "ratios": ratios,
             "info_ratios": info,
+            "sessions": self.samples.extra.get("sessions", []),
             "notes": self.notes,
         }
 

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import json
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi.encoders import jsonable_encoder
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -38,6 +40,22 @@ class FrameError(Exception):
 
     def frame(self) -> dict[str, Any]:
         return {"type": "error", "data": {"message": self.message, "code": self.code.value, **self.extra}}
+
+
+def encode_frame(reply: dict[str, Any]) -> str:
+    """A reply frame's text (compact JSON; a ``NaN`` refused: an ``EXECUTION_ERROR`` frame
+    instead). orjson first, ten times faster than `json`; it writes a ``NaN`` as ``null``, so a
+    frame with a ``null`` in it (or one orjson refuses) is written again by `json`, strictly."""
+    try:
+        text = orjson.dumps(reply)
+    except TypeError:
+        text = b"null"
+    if b"null" not in text:
+        return text.decode()
+    try:
+        return json.dumps(reply, ensure_ascii=False, allow_nan=False)
+    except ValueError as exc:  # an env observation with a NaN: the client gets the error instead
+        return json.dumps(FrameError(ErrorCode.EXECUTION_ERROR, f"unencodable reply: {exc}").frame())
 
 
 def validation_failed(exc: ValidationError, what: str) -> FrameError:

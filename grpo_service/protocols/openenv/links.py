@@ -14,10 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from fastapi import FastAPI
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError
 
 from grpo_service.api.asgi import call_asgi
 from grpo_service.api.limits import strict_json
@@ -28,18 +29,24 @@ from grpo_service.protocols.openenv.sessions import OpenEnvSession, Sessions
 log = logging.getLogger(__name__)
 
 FRAME_TYPES = frozenset({"reset", "step", "state", "close", "list_tools", "call_tool", "mcp"})
+FAST_KEYS = frozenset({"type", "data"})  # a frame of only these is valid as it is (no model to run)
 LINK_TIMEOUT_S = 900.0  # one operation on a host: a SciWorld reset may wait minutes for a JVM
 CAPACITY_CLOSE = 1013  # "try again later": the close code after CAPACITY_REACHED
 
 
-class Outcome(BaseModel):
+@dataclass(slots=True)
+class Outcome:
     """What a socket does after a frame: send ``reply`` (if any), then close with ``close`` (if
-    set; ``reason`` says why the session ended). ``session_id``: the session an ``open`` got."""
+    set; ``reason`` says why the session ended). ``session_id``: the session an ``open`` got.
+    A dataclass, not a model: one is made per frame (`OUTCOME` reads and writes it as JSON)."""
 
     reply: dict[str, Any] | None = None
     close: int | None = None
     reason: str = ""
     session_id: str | None = None
+
+
+OUTCOME = TypeAdapter(Outcome)  # an outcome over a cluster link (the body of POST .../link)
 
 
 def ending(exc: FrameError) -> Outcome:
@@ -64,7 +71,17 @@ async def answer_frame(sessions: Sessions, session: OpenEnvSession, raw: str) ->
         return Outcome(reply=FrameError(ErrorCode.EXECUTION_ERROR, f"{type(exc).__name__}: {exc}").frame())
 
 
-def _parse(raw: str, max_bytes: int) -> Frame:
+@dataclass(slots=True)
+class Parsed:
+    """A valid frame (`Frame`'s fields), without a model's cost on every frame."""
+
+    type: str
+    data: dict[str, Any] | None
+    tool_name: str | None = None
+    arguments: dict[str, Any] | None = None
+
+
+def _parse(raw: str, max_bytes: int) -> Parsed:
     if len(raw) > max_bytes:
         raise FrameError(
             ErrorCode.VALIDATION_ERROR, f"frame of {len(raw)} characters exceeds the {max_bytes} byte limit"
@@ -81,13 +98,17 @@ def _parse(raw: str, max_bytes: int) -> Frame:
             ErrorCode.UNKNOWN_TYPE,
             f"Unknown message type: {str(kind)[:64]!r}; expected one of {', '.join(sorted(FRAME_TYPES))}",
         )
+    data = message.get("data")
+    if message.keys() <= FAST_KEYS and (data is None or type(data) is dict):
+        return Parsed(kind, data)  # {type, data}: nothing left to validate
     try:
-        return Frame.model_validate(message)
+        frame = Frame.model_validate(message)
     except ValidationError as exc:
         raise validation_failed(exc, f"{kind} frame") from None
+    return Parsed(frame.type, frame.data, frame.tool_name, frame.arguments)
 
 
-async def _dispatch(sessions: Sessions, session: OpenEnvSession, frame: Frame) -> dict[str, Any]:
+async def _dispatch(sessions: Sessions, session: OpenEnvSession, frame: Parsed) -> dict[str, Any]:
     match frame.type:
         case "reset":
             return {"type": "observation", "data": await sessions.reset(session, frame.data)}
@@ -198,7 +219,7 @@ class ClusterLink:
         except TimeoutError:
             status, content = 504, b'{"detail": "no answer in time"}'
         if status in (200, 429):  # 429: every host is full (the outcome says CAPACITY_REACHED)
-            return Outcome.model_validate_json(content)
+            return OUTCOME.validate_json(content)
         detail = _detail(content)
         message = f"the session's host could not answer ({status}: {detail})"
         return ending(FrameError(ErrorCode.SESSION_ERROR, message, fatal=True))

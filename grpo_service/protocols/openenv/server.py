@@ -33,14 +33,20 @@ from grpo_service.api.services import Services
 from grpo_service.errors import ServiceError, Unauthorized, error_body
 from grpo_service.protocols.openenv import mcp
 from grpo_service.protocols.openenv.frames import (
-    ErrorCode,
-    FrameError,
     HealthStatus,
     Metadata,
     Schemas,
+    encode_frame,
     env_schemas,
 )
-from grpo_service.protocols.openenv.links import CAPACITY_CLOSE, ClusterLink, LinkRequest, LocalLink, Outcome
+from grpo_service.protocols.openenv.links import (
+    CAPACITY_CLOSE,
+    OUTCOME,
+    ClusterLink,
+    LinkRequest,
+    LocalLink,
+    Outcome,
+)
 from grpo_service.protocols.openenv.sessions import Sessions
 from grpo_service.version import __version__
 
@@ -51,6 +57,44 @@ SEND_TIMEOUT_S = 30.0  # a client that stops reading its socket loses the sessio
 DOCS_URL = "https://github.com/meta-pytorch/OpenEnv"
 
 
+class Watchdog:
+    """The deadline of a socket's wait under way (a receive, a send), without a timer per frame:
+    one timer per socket looks every ``period`` seconds whether the wait has run past its
+    deadline and, if so, cancels the socket's task; the wait then reports a timeout (late by at
+    most ``period``)."""
+
+    def __init__(self, period_s: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.period_s = period_s
+        self.deadline: float | None = None
+        self.fired = False
+        self._timer = self.loop.call_later(period_s, self._look)
+
+    def arm(self, seconds: float) -> None:
+        self.deadline = self.loop.time() + seconds
+
+    def _look(self) -> None:
+        if self.deadline is not None and not self.fired and self.loop.time() >= self.deadline:
+            self.fired = True
+            assert self.task is not None
+            self.task.cancel()
+        self._timer = self.loop.call_later(self.period_s, self._look)
+
+    def timed_out(self) -> bool:
+        """In a wait's ``except CancelledError``: whether this was its deadline (then the
+        cancellation is taken back) rather than the task being cancelled from outside."""
+        self.deadline = None
+        if not self.fired:
+            return False
+        self.fired = False
+        assert self.task is not None
+        return self.task.uncancel() == 0
+
+    def stop(self) -> None:
+        self._timer.cancel()
+
+
 class Connection:
     """One WebSocket: frames in, exactly one reply per frame out (``close`` excepted), each
     answered through ``link`` (the session here, or on its Ray host)."""
@@ -59,8 +103,16 @@ class Connection:
         self.websocket = websocket
         self.link = link
         self.idle_s = idle_s
+        self.watchdog: Watchdog | None = None
 
     async def serve(self, attach_to: str | None) -> None:
+        self.watchdog = Watchdog(min(self.idle_s, SEND_TIMEOUT_S) / 4)
+        try:
+            await self._serve(attach_to)
+        finally:
+            self.watchdog.stop()
+
+    async def _serve(self, attach_to: str | None) -> None:
         outcome = await self.link.open(attach_to)
         if outcome.session_id is None:  # refused: at capacity, or no such session to attach to
             await self._finish(outcome)
@@ -90,12 +142,18 @@ class Connection:
     async def _receive(self) -> str | None | Literal[False]:
         """The next frame's text; ``None`` after an idle spell (time to check on the env);
         ``False`` once the client is gone."""
+        assert self.watchdog is not None
+        self.watchdog.arm(self.idle_s)
         try:
-            message = await asyncio.wait_for(self.websocket.receive(), timeout=self.idle_s)
-        except TimeoutError:
+            message = await self.websocket.receive()
+        except asyncio.CancelledError:
+            if not self.watchdog.timed_out():
+                raise
             return None
         except (WebSocketDisconnect, RuntimeError):
             return False
+        finally:
+            self.watchdog.deadline = None
         if message["type"] == "websocket.disconnect":
             return False
         if message.get("text") is not None:
@@ -106,14 +164,19 @@ class Connection:
             return "\x00"  # not UTF-8: answered INVALID_JSON like any other unreadable frame
 
     async def _send(self, reply: dict[str, Any]) -> bool:
+        text = encode_frame(reply)
+        assert self.watchdog is not None
+        self.watchdog.arm(SEND_TIMEOUT_S)
         try:
-            text = json.dumps(reply, ensure_ascii=False, allow_nan=False)
-        except ValueError as exc:  # an env observation with a NaN: the client gets the error instead
-            text = json.dumps(FrameError(ErrorCode.EXECUTION_ERROR, f"unencodable reply: {exc}").frame())
-        try:
-            await asyncio.wait_for(self.websocket.send_text(text), timeout=SEND_TIMEOUT_S)
-        except (TimeoutError, WebSocketDisconnect, RuntimeError, OSError):
+            await self.websocket.send_text(text)
+        except asyncio.CancelledError:
+            if not self.watchdog.timed_out():
+                raise
             return False
+        except (WebSocketDisconnect, RuntimeError, OSError):
+            return False
+        finally:
+            self.watchdog.deadline = None
         return True
 
 
@@ -206,7 +269,7 @@ def openenv_server(env_name: str, services: Services, app: FastAPI) -> FastAPI:
         """A Ray front's socket, operating its session on this host (internal)."""
         outcome = await LocalLink(sessions).serve(request)
         full = outcome.reply is not None and outcome.close == CAPACITY_CLOSE
-        return JSONResponse(outcome.model_dump(mode="json"), 429 if full else 200)
+        return JSONResponse(OUTCOME.dump_python(outcome, mode="json"), 429 if full else 200)
 
     return server
 

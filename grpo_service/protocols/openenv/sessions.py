@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from envs.base import Environment, StepResult, environment_class
+from envs.base import StepResult, environment_class
 from envs.errors import InvalidAction, InvalidConfig, PluginError
 from grpo_service.api.services import Services
 from grpo_service.core.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
@@ -60,6 +60,7 @@ class Sessions:
         self.env_name = env_name
         self.services = services
         self._sessions: dict[str, OpenEnvSession] = {}
+        self._tools = environment_class(env_name).tools()
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -301,28 +302,31 @@ class Sessions:
         current observation with the env's message as its text, reward 0, counted as a step (as
         AgentGym's servers answer an action their game does not know)."""
         handle = await self._env(session)
-        before = handle.last.observation if handle.last is not None else {}
-        tool_calls = args.get("tool_calls") or as_tool_calls(
-            environment_class(self.env_name), args["actions"]
-        )
+        traced = self.services.tracer is not None  # without a tracer the steps would only pile up
+        before = handle.last.observation if traced and handle.last is not None else {}
         started = time.perf_counter()
         recorder = session.recorder
         assert recorder is not None  # the session has an env
         try:
-            result = await self._call(self.services.envs.step(handle.id, **args))
+            result = await self._call(self.services.envs.step_handle(handle, **args))
         except InvalidAction as exc:
             current = await self.services.envs.current(handle)
             if current.done:  # after the episode's end every step is refused alike
                 raise FrameError(ErrorCode.EXECUTION_ERROR, "the episode is over: reset first") from None
             session.step_count += 1
-            recorder.record_invalid(before, tool_calls, str(exc))
+            if traced:
+                recorder.record_invalid(before, self._tool_calls(args), str(exc))
             return self.observation(session, current.refusal(str(exc)), 0.0)
         env_ms = (time.perf_counter() - started) * 1000
         session.step_count += 1
-        recorder.record(before, tool_calls, result, env_ms)
+        if traced:
+            recorder.record(before, self._tool_calls(args), result, env_ms)
         if result.done:
             self._submit(session, "episode_done")
         return self.observation(session, result, result.reward)
+
+    def _tool_calls(self, args: dict[str, Any]) -> list[dict[str, Any]]:
+        return args.get("tool_calls") or as_tool_calls(self._tools, args["actions"])
 
     def _config(self, given: dict[str, Any]) -> dict[str, Any]:
         """``given`` as the env's full config (defaults filled in), or ``VALIDATION_ERROR``."""
@@ -433,10 +437,10 @@ class Sessions:
             tracer.submit(trace)
 
 
-def as_tool_calls(cls: type[Environment], actions: list[Any]) -> list[dict[str, Any]]:
-    """Plain actions as calls of the env's tool: one call with all of them if its tool takes an
-    ``actions`` list (Crafter's ``interact_many``), else a call per action (``act``)."""
-    tools = cls.tools()
+def as_tool_calls(tools: list[dict[str, Any]], actions: list[Any]) -> list[dict[str, Any]]:
+    """Plain actions as calls of the env's tool (``tools``: its `Environment.tools`): one call
+    with all of them if its tool takes an ``actions`` list (Crafter's ``interact_many``), else a
+    call per action (``act``)."""
     if not tools:
         return []
     function = tools[0]["function"]
