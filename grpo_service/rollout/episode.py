@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from envs.base import StepOptions, StepResult
 from envs.errors import PluginError
@@ -76,6 +76,8 @@ class EpisodeLoop:
         self.error: str | None = None
         self._pending: DecisionTrace | None = None  # decided, not yet executed
         self._current: StepResult | None = None
+        # Done when the run is aborted: one waiter for the whole rollout, not one per decision.
+        self._abort_waiter: asyncio.Future[Any] | None = None
         env.pins += 1  # the idle reaper must not take it while the rollout waits on the LLM
 
     async def close(self) -> None:
@@ -121,6 +123,9 @@ class EpisodeLoop:
             self.stop_reason, self.error = "error", f"{type(exc).__name__}: {exc}"
         finally:
             self.run.ops_executed = self.ops_executed
+            if self._abort_waiter is not None:
+                self._abort_waiter.cancel()
+                self._abort_waiter = None
 
     async def _start(self) -> None:
         if self.policy is None:
@@ -252,15 +257,14 @@ class EpisodeLoop:
     async def _guarded(self, awaitable: Awaitable[T]) -> T:
         """Await, but give up at the deadline or on abort (cancelling the awaited work)."""
         task = asyncio.ensure_future(awaitable)
-        aborted = asyncio.ensure_future(self.run.abort.wait())
-        try:
-            done, _ = await asyncio.wait(
-                {task, aborted},
-                timeout=max(0.0, self.deadline - time.monotonic()),
-                return_when=asyncio.FIRST_COMPLETED,
-            )
-        finally:
-            aborted.cancel()
+        aborted = self._abort_waiter
+        if aborted is None:
+            aborted = self._abort_waiter = asyncio.ensure_future(self.run.abort.wait())
+        done, _ = await asyncio.wait(
+            {task, aborted},
+            timeout=max(0.0, self.deadline - time.monotonic()),
+            return_when=asyncio.FIRST_COMPLETED,
+        )
         if task in done:
             return task.result()
         task.cancel()

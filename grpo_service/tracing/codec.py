@@ -49,19 +49,35 @@ def canonical(value: Any) -> str:
     return orjson.dumps(value, default=_default, option=_OPTIONS | orjson.OPT_SORT_KEYS).decode()
 
 
+# Every turn's request is redacted with the same few keys: each key is judged once.
+_SECRET_KEYS: dict[str, bool] = {}
+_MAX_KNOWN_KEYS = 4_096
+
+
 def is_secret_key(name: str) -> bool:
-    lowered = name.lower()
-    return any(marker in lowered for marker in _SECRET_MARKERS)
+    secret = _SECRET_KEYS.get(name)
+    if secret is None:
+        lowered = name.lower()
+        secret = any(marker in lowered for marker in _SECRET_MARKERS)
+        if len(_SECRET_KEYS) < _MAX_KNOWN_KEYS:
+            _SECRET_KEYS[name] = secret
+    return secret
 
 
 def redact(value: Any) -> Any:
     """A copy with every value under a secret-looking key (``api_key``, ...) replaced."""
     if isinstance(value, dict):
-        return {
-            k: (REDACTED if is_secret_key(str(k)) and v is not None else redact(v)) for k, v in value.items()
-        }
+        out: dict[Any, Any] = {}
+        for k, v in value.items():
+            if v is not None and is_secret_key(k if type(k) is str else str(k)):
+                out[k] = REDACTED
+            elif isinstance(v, dict | list | tuple):
+                out[k] = redact(v)
+            else:
+                out[k] = v
+        return out
     if isinstance(value, list | tuple):
-        return [redact(v) for v in value]
+        return [redact(v) if isinstance(v, dict | list | tuple) else v for v in value]
     return value
 
 
