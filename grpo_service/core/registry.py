@@ -112,6 +112,7 @@ class RunHandle(Handle):
     task: asyncio.Task[Any] | None = None
     member_ids: list[str] = field(default_factory=list)  # a group's member runs
     member_runs: list[RunHandle] = field(default_factory=list)
+    share_of: int = 0  # a share of a group spread over Ray hosts: the whole group's size
 
     @property
     def finished(self) -> bool:

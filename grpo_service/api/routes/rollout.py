@@ -113,6 +113,7 @@ async def run_status(
             )
             for m in members
         ],
+        members_total=None if run.kind != "group" else run.share_of or len(members),
         result=run.result,
     )
 
