@@ -265,7 +265,8 @@ def test_a_background_group_reports_every_member_when_a_host_is_lost(
     ray_local: None, tmp_path: Path, fake_llm: FakeInferenceServer
 ) -> None:
     """A host killed while a background group plays: ``/run/status`` still reports all 8
-    members, the lost host's 4 `failed` with ``host_lost``, as the blocking group reports them."""
+    members, the lost host's 4 `failed` with ``host_lost``, as the blocking group reports them.
+    Then the other host is killed: ``/health`` answers 503 `unavailable` with 0 workers."""
     import ray
 
     from grpo_service import create_app
@@ -302,6 +303,14 @@ def test_a_background_group_reports_every_member_when_a_host_is_lost(
                     break
                 assert time.monotonic() < deadline, r.text
                 time.sleep(0.2)
+            health = httpx.get(f"{front.base_url}/health", timeout=30)
+            assert health.status_code == 200 and health.json()["workers"] == 1
+            # The last host lost too: every call would be a 503, and so is /health.
+            (survivor,) = (name for name in hosts if name != victim)
+            ray.kill(ray.get_actor(survivor, namespace=settings.ray_namespace))
+            health = httpx.get(f"{front.base_url}/health", timeout=30)
+            assert health.status_code == 503, health.text
+            assert health.json()["status"] == "unavailable" and health.json()["workers"] == 0
     finally:
         fake_llm.set_config(original)
     status = r.json()

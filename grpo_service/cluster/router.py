@@ -195,7 +195,8 @@ class ClusterRouter:
         if local[0] != 200:
             return local
         if request.path == "/health":
-            return _json_answer(200, await self._health(json.loads(local[2])))
+            health = await self._health(json.loads(local[2]))
+            return _json_answer(200 if health["workers"] else 503, health)
         kind, model, field, order = LISTINGS[request.path]
         page = _page(request.query)
         parts = await self._each_host(lambda h: self.cluster.call(h, "summaries", kind, page.rl_run_id))
@@ -209,7 +210,9 @@ class ClusterRouter:
         counts = await self._each_host(lambda h: self.cluster.call(h, "counts", timeout=10.0))
         for key in ("envs", "policies", "runs_active", "active_jobs", "loaded_models"):
             health[key] = sum(c[key] for c in counts)
-        health["workers"] = len(self.cluster.live())
+        health["workers"] = len(counts)  # the hosts that answered
+        if not counts:
+            health["status"] = "unavailable"  # every call would be a 503
         health["lost_hosts"] = sorted(self.cluster.lost)
         sink = self.cluster.trace_sink
         if sink is not None:
