@@ -1,0 +1,128 @@
+"""The served processes' own defences, over raw sockets: `grpo-service serve` (embedded) and
+`serve-model` give a request's headers a deadline (a client trickling them byte by byte, an HTTP
+request or a WebSocket upgrade, or sending nothing, gets a 408 and is closed within it)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import REPO, Served, free_port
+
+DEADLINE_S = 1.0
+
+
+def trickle(port: int, request: bytes, *, every_s: float = 0.1) -> tuple[bytes, float]:
+    """Send ``request`` one byte at a time until the server answers or closes; what it sent,
+    and when (seconds after connecting) the connection was closed."""
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.setblocking(False)
+        answer = b""
+        for byte in [request[i : i + 1] for i in range(len(request))] + [b""] * 200:
+            try:
+                if byte:
+                    sock.send(byte)
+            except OSError:  # closed by the server
+                break
+            time.sleep(every_s)
+            try:
+                chunk = sock.recv(65536)
+            except BlockingIOError:
+                continue
+            except OSError:
+                break
+            if not chunk:
+                break
+            answer += chunk
+        return answer, time.monotonic() - started
+
+
+def raw_request(port: int, request: bytes) -> bytes:
+    """``request`` sent whole; what the server answers in 3 s or until it closes."""
+    answer = b""
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as sock:
+        sock.sendall(request)
+        try:
+            while chunk := sock.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            pass
+    return answer
+
+
+UPGRADE = (
+    b"GET /openenv/crafter/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+)  # no final blank line: the headers never end
+SLOW_HTTP = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * 200
+
+
+def check_header_deadline(port: int) -> None:
+    for request in (SLOW_HTTP, UPGRADE, b""):
+        answer, closed_after = trickle(port, request)
+        assert answer.startswith(b"HTTP/1.1 408"), (request[:30], answer[:200])
+        assert b"request_timeout" in answer
+        assert DEADLINE_S * 0.8 <= closed_after < DEADLINE_S + 2.5, closed_after
+
+
+def test_serve_bounds_header_reads(serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HEADER_TIMEOUT_S", str(DEADLINE_S))
+    served = serve()
+    port = int(served.base_url.rsplit(":", 1)[1])
+    check_header_deadline(port)
+    # A kept-alive connection idle between requests is not cut by the header deadline.
+    with httpx.Client(base_url=served.base_url, timeout=10) as client:
+        assert client.get("/health").status_code == 200
+        time.sleep(DEADLINE_S * 1.5)
+        assert client.get("/health").status_code == 200
+
+
+@pytest.fixture
+def serve_model(tmp_path: Path) -> Iterator[int]:
+    from tests.llm_helpers import make_tiny_model
+
+    model = make_tiny_model(tmp_path / "model")
+    port = free_port()
+    cmd = [sys.executable, "-m", "grpo_service.cli", "serve-model", str(model), "--port", str(port)]
+    cmd += ["--header-timeout-s", str(DEADLINE_S)]
+    log = tmp_path / "serve-model.log"
+    with log.open("wb") as out:
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+@pytest.mark.slow
+def test_serve_model_bounds_header_reads(serve_model: int) -> None:
+    check_header_deadline(serve_model)
+    base = f"http://127.0.0.1:{serve_model}"
+    assert (
+        httpx.get(base + "/health", headers={"Host": f"localhost:{serve_model}"}, timeout=10).status_code
+        == 200
+    )
+    r = httpx.post(base + "/pause", json={}, headers={"Host": "rebind.attacker.example"}, timeout=10)
+    assert r.status_code == 421 and "rebind.attacker.example" in r.text
+    assert httpx.get(base + "/is_paused", timeout=10).json() == {"is_paused": False}
