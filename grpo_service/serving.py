@@ -2,7 +2,9 @@
 
 Beyond uvicorn's defaults, every server here gives a request's headers a deadline
 (`HEADER_TIMEOUT_S`: a client that trickles them, or sends nothing, gets a 408 and the
-connection is closed; uvicorn itself only times out idle keep-alive connections).
+connection is closed; uvicorn itself only times out idle keep-alive connections), and a keyless
+server bound to loopback answers only requests whose ``Host`` is a loopback name
+(`LoopbackHostGuard`: DNS rebinding cannot reach it).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ try:
 except ImportError:  # uvicorn without httptools parses with h11
     HttpToolsProtocol = None  # type: ignore[assignment, misc]
 
-from grpo_service.api.auth import check_bind_safety
+from grpo_service.api.auth import LoopbackHostGuard, check_bind_safety, is_loopback
 from grpo_service.config import Settings
 from grpo_service.errors import error_body
 
@@ -104,11 +106,18 @@ def http_protocol() -> type[asyncio.Protocol]:
     return H11WithDeadline if HttpToolsProtocol is None else HttpToolsWithDeadline
 
 
+def guarded(app: Any, host: str, *, keyed: bool) -> Any:
+    """``app`` behind `LoopbackHostGuard` when it is keyless and bound to loopback."""
+    return app if keyed or not is_loopback(host) else LoopbackHostGuard(app, host)
+
+
 def uvicorn_config(
     app: Any, host: str, port: int, *, keyed: bool, header_timeout_s: float = HEADER_TIMEOUT_S, **options: Any
 ) -> uvicorn.Config:
     """The uvicorn config every server here runs with (see the module's docstring)."""
-    config = uvicorn.Config(app, host=host, port=port, http=http_protocol(), **options)
+    config = uvicorn.Config(
+        guarded(app, host, keyed=keyed), host=host, port=port, http=http_protocol(), **options
+    )
     config.header_timeout_s = header_timeout_s  # type: ignore[attr-defined]  # read by _HeaderDeadline
     return config
 

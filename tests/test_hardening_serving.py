@@ -1,6 +1,7 @@
 """The served processes' own defences, over raw sockets: `grpo-service serve` (embedded) and
 `serve-model` give a request's headers a deadline (a client trickling them byte by byte, an HTTP
-request or a WebSocket upgrade, or sending nothing, gets a 408 and is closed within it)."""
+request or a WebSocket upgrade, or sending nothing, gets a 408 and is closed within it), and a
+keyless server on loopback answers only a loopback ``Host`` (DNS rebinding gets a 421 naming it)."""
 
 from __future__ import annotations
 
@@ -74,16 +75,52 @@ def check_header_deadline(port: int) -> None:
         assert DEADLINE_S * 0.8 <= closed_after < DEADLINE_S + 2.5, closed_after
 
 
-def test_serve_bounds_header_reads(serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch) -> None:
+def check_host(port: int, *, allowed: bool = False) -> None:
+    base = f"http://127.0.0.1:{port}"
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", "LOCALHOST", f"[::1]:{port}", "127.0.0.2"):
+        assert httpx.get(base + "/health", headers={"Host": host}, timeout=10).status_code == 200, host
+    for host in (
+        f"rebind.attacker.example:{port}",
+        "attacker.example",
+        "10.0.0.1",
+        "localhost.attacker.example",
+    ):
+        r = httpx.get(base + "/health", headers={"Host": host}, timeout=10)
+        if allowed:
+            assert r.status_code == 200, host
+            continue
+        assert r.status_code == 421, (host, r.text)
+        assert r.json()["code"] == "misdirected_host" and host in r.json()["detail"]
+    websocket = UPGRADE.replace(b"Host: 127.0.0.1", b"Host: rebind.attacker.example") + b"\r\n"
+    answer = raw_request(port, websocket)
+    assert answer.startswith(b"HTTP/1.1 421") and b"rebind.attacker.example" in answer, answer[:300]
+
+
+def test_serve_bounds_header_reads_and_refuses_foreign_hosts(
+    serve: Callable[..., Served], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HEADER_TIMEOUT_S", str(DEADLINE_S))
     served = serve()
     port = int(served.base_url.rsplit(":", 1)[1])
     check_header_deadline(port)
+    check_host(port)
     # A kept-alive connection idle between requests is not cut by the header deadline.
     with httpx.Client(base_url=served.base_url, timeout=10) as client:
         assert client.get("/health").status_code == 200
         time.sleep(DEADLINE_S * 1.5)
         assert client.get("/health").status_code == 200
+
+
+def test_only_keyless_loopback_servers_check_the_host() -> None:
+    from grpo_service.api.auth import LoopbackHostGuard
+    from grpo_service.serving import guarded
+
+    app = object()
+    assert isinstance(guarded(app, "127.0.0.1", keyed=False), LoopbackHostGuard)
+    assert guarded(app, "127.0.0.1", keyed=True) is app  # a web page has no key
+    assert guarded(app, "0.0.0.0", keyed=False) is app  # --insecure: documented as open
+    guard = LoopbackHostGuard(app, "::1")
+    assert guard.allows("[::1]:8000") and guard.allows("localhost.") and not guard.allows("example.com")
 
 
 @pytest.fixture
@@ -116,7 +153,7 @@ def serve_model(tmp_path: Path) -> Iterator[int]:
 
 
 @pytest.mark.slow
-def test_serve_model_bounds_header_reads(serve_model: int) -> None:
+def test_serve_model_bounds_header_reads_and_refuses_foreign_hosts(serve_model: int) -> None:
     check_header_deadline(serve_model)
     base = f"http://127.0.0.1:{serve_model}"
     assert (

@@ -113,6 +113,51 @@ def check_bind_safety(host: str, has_key: bool, allow_insecure: bool) -> None:
     )
 
 
+class LoopbackHostGuard:
+    """ASGI middleware for a keyless server bound to loopback: a request (or WebSocket handshake)
+    whose ``Host`` names anything but a loopback name or address, or the bound host, is refused
+    with 421 naming it. A web page cannot reach such a server cross-origin (no CORS), but by DNS
+    rebinding its own name can come to resolve to 127.0.0.1, and its requests then carry that
+    name as ``Host``: they are refused here. A keyed server needs no such check (the page has no
+    key), and a non-loopback bind cannot know the names its clients use."""
+
+    def __init__(self, app: ASGIApp, bound_host: str) -> None:
+        self.app = app
+        self.bound_host = _host_name(bound_host)
+
+    def allows(self, host: str) -> bool:
+        name = _host_name(host)
+        return name == self.bound_host or is_loopback(name)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), None)
+            if host is not None and not self.allows(host):  # HTTP/1.1 always sends one
+                detail = (
+                    f"Host {host[:200]!r} is not this server's: a keyless server on loopback answers "
+                    "only localhost, loopback addresses and its bound host (set ENVIRONMENT_API_KEY "
+                    "to serve other names)"
+                )
+                if scope["type"] == "http":
+                    await send_error(send, 421, "misdirected_host", detail)
+                elif "websocket.http.response" in scope.get("extensions", {}):
+                    await send_error(send, 421, "misdirected_host", detail, websocket=True)
+                else:  # a server without ASGI's denial response: the handshake fails with a 403
+                    await send({"type": "websocket.close", "code": 1008, "reason": detail[:120]})
+                return
+        await self.app(scope, receive, send)
+
+
+def _host_name(host: str) -> str:
+    """``[::1]:8000`` → ``::1``, ``LocalHost.:80`` → ``localhost``."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host[1:].partition("]")[0]
+    if host.count(":") == 1:
+        host = host.partition(":")[0]
+    return host.rstrip(".")
+
+
 class APIKeyGate:
     """ASGI middleware: a request for a protected route without the right key is answered 401
     from its headers alone, before its body is read, so an unauthenticated client cannot make the
