@@ -123,6 +123,36 @@ def test_only_keyless_loopback_servers_check_the_host() -> None:
     assert guard.allows("[::1]:8000") and guard.allows("localhost.") and not guard.allows("example.com")
 
 
+def test_the_header_deadline_holds_over_h11_too() -> None:
+    """Without httptools, uvicorn parses with h11: the same deadline, in-process here."""
+    import threading
+
+    import uvicorn
+
+    from grpo_service.serving import H11WithDeadline, uvicorn_config
+
+    async def app(scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http":
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            await send({"type": "http.response.body", "body": b"ok"})
+
+    port = free_port()
+    config = uvicorn_config(app, "127.0.0.1", port, keyed=True, header_timeout_s=DEADLINE_S, lifespan="off")
+    config.http = H11WithDeadline
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        check_header_deadline(port)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 @pytest.fixture
 def serve_model(tmp_path: Path) -> Iterator[int]:
     from tests.llm_helpers import make_tiny_model
