@@ -75,6 +75,9 @@ class Settings(BaseSettings):
     idle_ttl_s: float = Field(default=1_800.0, gt=0, description="Idle envs/policies expire after this.")
     reaper_interval_s: float = Field(default=30.0, gt=0)
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    header_timeout_s: float = Field(
+        default=10.0, gt=0, description="A request's headers must arrive within this (408 and a close)."
+    )
     max_group_size: int = Field(default=256, ge=1)
     env_threads: int = Field(default=8, ge=1, description="Worker threads for CPU-bound env calls.")
 

@@ -123,14 +123,22 @@ def error_body(code: str, message: str) -> dict[str, str]:
 
 
 async def send_error(
-    send: Send, status: int, code: str, detail: str, headers: dict[str, str] | None = None
+    send: Send,
+    status: int,
+    code: str,
+    detail: str,
+    headers: dict[str, str] | None = None,
+    *,
+    websocket: bool = False,
 ) -> None:
-    """Answer an error from ASGI middleware (before any route runs), in the usual shape."""
+    """Answer an error from ASGI middleware (before any route runs), in the usual shape
+    (``websocket``: as the denial response of a WebSocket handshake)."""
     body = json.dumps(error_body(code, detail)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
-    await send({"type": "http.response.start", "status": status, "headers": raw})
-    await send({"type": "http.response.body", "body": body})
+    prefix = "websocket.http.response" if websocket else "http.response"
+    await send({"type": f"{prefix}.start", "status": status, "headers": raw})
+    await send({"type": f"{prefix}.body", "body": body})
 
 
 def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:

@@ -92,6 +92,54 @@ def test_every_listed_operation_refuses_a_missing_or_wrong_key(keyed: httpx.Clie
     assert counts(keyed) == before
 
 
+MOUNTS = (
+    "/agentgym/textcraft",
+    "/agentgym/babyai",
+    "/agentgym/sciworld",
+    "/openenv/crafter",
+    "/openenv/textcraft",
+)
+OPEN_MOUNTED = {"/health", "/metadata", "/schema"}  # OpenEnv's own open routes
+
+
+def test_mounted_servers_refuse_a_missing_key_and_internal_routes_answer_no_client(
+    keyed: httpx.Client,
+) -> None:
+    """The key rule holds in the sub-apps mounted in the app (AgentGym's, OpenEnv's) as in the
+    app itself, served in one process or through Ray (where the hosts running them have no key);
+    the internal ``/link`` of OpenEnv's sockets answers a client 404, key or not."""
+    before = counts(keyed)
+    checked = 0
+    for mount in MOUNTS:
+        schema = keyed.get(mount + "/openapi.json").json()
+        for path, ops in schema["paths"].items():
+            for method in ops:
+                url = mount + re.sub(r"\{[^}]+\}", "x", path)
+                body = {"id": 0, "action": "x"} if method == "post" else None
+                if method == "post" and path == "/mcp":
+                    body = {"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}}
+                for name in ("no key", "wrong key", "wrong bearer"):
+                    r = keyed.request(method.upper(), url, json=body, headers=WRONG_KEYS[name])
+                    if path in OPEN_MOUNTED:
+                        assert r.status_code == 200, (method, url, r.status_code)
+                        continue
+                    assert r.status_code == 401, (method, url, name, r.status_code, r.text)
+                    assert r.json()["code"] in ("missing_api_key", "invalid_api_key")
+                    checked += 1
+    assert checked >= 3 * 30
+    for headers in ({}, {"X-API-Key": KEY}):
+        for op in ({"op": "open"}, {"op": "end", "session_id": "x"}):
+            r = keyed.post("/openenv/crafter/link", json=op, headers=headers)
+            assert r.status_code == 404 and r.json()["code"] == "not_found", r.text
+    assert counts(keyed) == before
+    created = keyed.post("/agentgym/textcraft/create", json={}, headers={"X-API-Key": KEY})
+    assert created.status_code == 200, created.text  # with the key, the same call is served
+    closed = keyed.post(
+        "/agentgym/textcraft/close", json={"id": created.json()["id"]}, headers={"X-API-Key": KEY}
+    )
+    assert closed.status_code == 200, closed.text
+
+
 def test_health_docs_and_schema_leak_nothing(keyed: httpx.Client) -> None:
     health = keyed.get("/health")
     assert health.status_code == 200

@@ -468,7 +468,7 @@ def test_serve_model_refuses_a_public_bind(model_dir: Path, monkeypatch: pytest.
     from grpo_service.cli import app as cli_app
 
     served_on: list[str] = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, host, port, **kw: served_on.append(host))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server, **kw: served_on.append(server.config.host))
     done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "0.0.0.0"])
     assert done.exit_code != 0 and "refusing to serve on 0.0.0.0" in done.output, done.output
     assert served_on == []

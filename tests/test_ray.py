@@ -259,3 +259,66 @@ def test_a_background_group_is_spread_and_its_status_joins_the_shares(
         assert member["status"] == "completed"  # a member is found on whichever host ran it
         blocking = post(front.base_url, "/rollout/group", body).json()  # the same seeds, the same play
         assert blocking["metrics"]["returns"] == result["metrics"]["returns"]
+
+
+def test_a_background_group_reports_every_member_when_a_host_is_lost(
+    ray_local: None, tmp_path: Path, fake_llm: FakeInferenceServer
+) -> None:
+    """A host killed while a background group plays: ``/run/status`` still reports all 8
+    members, the lost host's 4 `failed` with ``host_lost``, as the blocking group reports them.
+    Then the other host is killed: ``/health`` answers 503 `unavailable` with 0 workers."""
+    import ray
+
+    from grpo_service import create_app
+    from tests.conftest import served_settings
+    from tools.server_thread import ServerThread
+
+    settings = served_settings(tmp_path, "ray")
+    body = {
+        "group_size": 8,
+        "env": {"env_name": "crafter", "seed": 5},
+        "policy": {"policy_name": "crafter-react", "config": {"inference_url": fake_llm.base_url}},
+        "max_turns": 20,
+    }
+    original = fake_llm.state.config
+    fake_llm.set_config(original.model_copy(update={"latency_s": 0.2}))
+    try:
+        with ServerThread(create_app(settings), name="front").start(timeout_s=60) as front:
+            started = post(front.base_url, "/rollout/group/start", body)
+            assert started.status_code == 202, started.text
+            group_id = started.json()["run_id"]
+            hosts = [
+                a["name"]
+                for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == settings.ray_namespace and a["name"].startswith("grpo-host-")
+            ]
+            victim = next(name for name in hosts if not name.endswith(tag_of(group_id)))
+            time.sleep(1.0)
+            ray.kill(ray.get_actor(victim, namespace=settings.ray_namespace))
+            deadline = time.monotonic() + 90
+            while True:
+                r = httpx.get(f"{front.base_url}/run/status/{group_id}", timeout=30)
+                assert r.status_code in (200, 503), r.text  # 503: the killed host not yet known lost
+                if r.status_code == 200 and r.json()["status"] != "running":
+                    break
+                assert time.monotonic() < deadline, r.text
+                time.sleep(0.2)
+            health = httpx.get(f"{front.base_url}/health", timeout=30)
+            assert health.status_code == 200 and health.json()["workers"] == 1
+            # The last host lost too: every call would be a 503, and so is /health.
+            (survivor,) = (name for name in hosts if name != victim)
+            ray.kill(ray.get_actor(survivor, namespace=settings.ray_namespace))
+            health = httpx.get(f"{front.base_url}/health", timeout=30)
+            assert health.status_code == 503, health.text
+            assert health.json()["status"] == "unavailable" and health.json()["workers"] == 0
+    finally:
+        fake_llm.set_config(original)
+    status = r.json()
+    assert status["status"] == "completed" and status["members_total"] == 8
+    assert [m["group_index"] for m in status["members"]] == list(range(8))
+    members = status["result"]["members"]
+    failed = [m for m in members if m["status"] == "failed"]
+    assert len(members) == 8 and len(failed) == 4, members
+    assert all("host_lost" in m["error"] and victim.removeprefix("grpo-host-") in m["error"] for m in failed)
+    assert status["result"]["metrics"]["completed"] == 4 and status["result"]["metrics"]["failed"] == 4
+    assert len(status["result"]["metrics"]["returns"]) == 8

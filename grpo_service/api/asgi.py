@@ -13,6 +13,10 @@ from grpo_service.errors import ServiceError, error_body
 
 Answer = tuple[int, list[tuple[bytes, bytes]], bytes]  # status, headers, body
 RequestArgs = tuple[str, str, bytes, list[tuple[bytes, bytes]], bytes]  # method, path, query, headers, body
+INTERNAL_SCOPE_KEY = "grpo_service.internal"
+"""Set in the scope of every request `call_asgi` runs: the service calling itself (a Ray host
+answering its front, a front's socket link), which alone reaches internal routes
+(`grpo_service.api.auth.internal_only`). A client's request, from a socket, never has it."""
 
 
 async def call_asgi(
@@ -57,6 +61,7 @@ async def call_asgi(
         "client": ("127.0.0.1", 0),
         "server": ("127.0.0.1", 0),
         "state": {},
+        INTERNAL_SCOPE_KEY: True,
         **(scope_extra or {}),
     }
     try:

@@ -101,6 +101,12 @@ def serve_model_command(
             help="Allow a non-loopback bind (serve-model has no authentication).",
         ),
     ] = False,
+    header_timeout_s: Annotated[
+        float | None,
+        typer.Option(
+            min=0.01, help="A request's headers must arrive within this, else 408 and a close [default: 10]."
+        ),
+    ] = None,
 ) -> None:
     """Serve a checkpoint on the CPU with vLLM's chat API, token ids, logprobs and weight reloads."""
     from grpo_service.api.auth import is_loopback
@@ -114,6 +120,7 @@ def serve_model_command(
     import torch
     import uvicorn
 
+    from grpo_service.serving import HEADER_TIMEOUT_S, uvicorn_config
     from training.llm.server import ModelEngine, create_model_app
 
     torch.set_num_threads(threads)
@@ -124,7 +131,16 @@ def serve_model_command(
     console.print(f"serving [bold]{engine.served_name}[/] from {path} on http://{host}:{port}/v1")
     try:
         with contextlib.suppress(KeyboardInterrupt):
-            uvicorn.run(app, host=host, port=port, log_level="warning")
+            # The header deadline, and on loopback the Host check (this server has no key).
+            config = uvicorn_config(
+                app,
+                host,
+                port,
+                keyed=False,
+                header_timeout_s=header_timeout_s or HEADER_TIMEOUT_S,
+                log_level="warning",
+            )
+            uvicorn.Server(config).run()
     finally:
         engine.close()
 

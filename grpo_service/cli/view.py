@@ -46,6 +46,7 @@ def view_command(
     from grpo_service.api.routes.viewer import create_viewer_app
     from grpo_service.errors import ServiceError
     from grpo_service.reporting.viewer import queries as runs
+    from grpo_service.serving import uvicorn_config
 
     console = Console()
     path = db if db is not None else newest_db(Path.cwd(), console)
@@ -62,4 +63,5 @@ def view_command(
     )
     if open_browser:
         webbrowser.open(url)
-    uvicorn.run(create_viewer_app(path, api_key), host=host, port=port, log_level="warning")
+    app = create_viewer_app(path, api_key)
+    uvicorn.Server(uvicorn_config(app, host, port, keyed=api_key is not None, log_level="warning")).run()

@@ -154,15 +154,33 @@ class ClusterRouter:
         return answer
 
     async def _ask_every_host(self, request: _Request) -> Answer:
-        """The run's answer from the hosts that know it (joined for a group spread over hosts)."""
-        answers = await self._each_host(lambda h: self._forward(h, request))
+        """The run's answer from the hosts that know it (joined for a group spread over hosts).
+        A group's members that no live host holds were lost with their host: they are reported
+        `failed`, unless a host did not answer (it may hold them: 503, retry)."""
+        live = self.cluster.live()
+        results = await asyncio.gather(*(self._forward(h, request) for h in live), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, ServiceError):
+                raise result
+        answers = [r for r in results if not isinstance(r, BaseException)]
         found = [a for a in answers if a[0] != 404]
         if not found:
             return answers[0] if answers else _json_answer(404, error_body("run_not_found", "unknown run"))
         ok = [json.loads(a[2]) for a in found if a[0] == 200]
-        if len(ok) < 2 or request.method != "GET":
+        if not ok or request.method != "GET" or ok[0]["kind"] != "group":
             return found[0]
-        return _json_answer(200, _joined_status(ok))
+        missing = _missing_members(ok)
+        if len(ok) < 2 and not missing:  # one host holds the whole group: its answer as it is
+            return found[0]
+        silent = [h.tag for h, r in zip(live, results, strict=True) if isinstance(r, HostUnavailable)]
+        lost = sorted(self.cluster.lost)
+        if silent and missing:
+            raise HostUnavailable(
+                f"members of group {ok[0]['run_id']} may be on hosts that do not answer now "
+                f"({', '.join(silent)}); retry later"
+            )
+        detail = f"host_lost: the member's Ray host is lost (lost hosts: {', '.join(lost) or 'none'})"
+        return _json_answer(200, _joined_status(ok, detail))
 
     async def _each_host(self, call: Callable[[HostRef], Awaitable[Any]]) -> list[Any]:
         """``call`` on every live host at once; hosts that fail are left out (and marked)."""
@@ -180,7 +198,8 @@ class ClusterRouter:
         if local[0] != 200:
             return local
         if request.path == "/health":
-            return _json_answer(200, await self._health(json.loads(local[2])))
+            health = await self._health(json.loads(local[2]))
+            return _json_answer(200 if health["workers"] else 503, health)
         kind, model, field, order = LISTINGS[request.path]
         page = _page(request.query)
         parts = await self._each_host(lambda h: self.cluster.call(h, "summaries", kind, page.rl_run_id))
@@ -194,7 +213,9 @@ class ClusterRouter:
         counts = await self._each_host(lambda h: self.cluster.call(h, "counts", timeout=10.0))
         for key in ("envs", "policies", "runs_active", "active_jobs", "loaded_models"):
             health[key] = sum(c[key] for c in counts)
-        health["workers"] = len(self.cluster.live())
+        health["workers"] = len(counts)  # the hosts that answered
+        if not counts:
+            health["status"] = "unavailable"  # every call would be a 503
         health["lost_hosts"] = sorted(self.cluster.lost)
         sink = self.cluster.trace_sink
         if sink is not None:
@@ -344,24 +365,50 @@ def _page(query: bytes) -> Page:
     )
 
 
-def _joined_status(parts: list[dict[str, Any]]) -> dict[str, Any]:
-    """``/run/status`` of a group spread over hosts: its parts' members and progress joined."""
+def _missing_members(parts: list[dict[str, Any]]) -> list[int]:
+    """The indices of a group's members that none of its answering ``parts`` holds."""
+    total = max(p.get("members_total") or 0 for p in parts)
+    present = {m["group_index"] for p in parts for m in (p.get("members") or [])}
+    return sorted(set(range(total)) - present)
+
+
+def _joined_status(parts: list[dict[str, Any]], lost_detail: str) -> dict[str, Any]:
+    """``/run/status`` of a group spread over hosts: its parts' members and progress joined, and
+    the members no part holds (their host is lost) reported `failed` with ``lost_detail``."""
     first = dict(parts[0])
-    members = sorted((m for p in parts for m in (p.get("members") or [])), key=lambda m: m["group_index"])
+    members = [m for p in parts for m in (p.get("members") or [])]
+    missing = _missing_members(parts)
+    member_ops = members[0]["ops_total"] if members else 0  # a spread group's members have equal ops
+    members += [
+        {
+            "group_index": i,
+            "run_id": f"{first['run_id']}.{i}",
+            "status": "failed",
+            "ops_executed": 0,
+            "ops_total": member_ops,
+        }
+        for i in missing
+    ]
+    members.sort(key=lambda m: m["group_index"])
     running = any(p["status"] == "running" for p in parts)
     results = [p["result"] for p in parts if p.get("result") is not None]
     if first["kind"] == "group" and not running and len(results) == len(parts):  # all shares done
         shares = [RolloutGroupResponse.model_validate(r) for r in results]
-        joined = sorted((m for share in shares for m in share.members), key=lambda m: m.group_index)
+        lost = [
+            GroupMember(group_index=i, run_id=f"{first['run_id']}.{i}", status="failed", error=lost_detail)
+            for i in missing
+        ]
+        joined = sorted([*(m for share in shares for m in share.members), *lost], key=lambda m: m.group_index)
         wall_s = max(share.metrics.wall_time_s for share in shares)
         first["result"] = group_response(first["run_id"], joined, wall_s, len(joined)).model_dump(mode="json")
     if any(p.get("result_evicted") for p in parts):  # a share's result was dropped: no whole result
         first.update(result=None, result_evicted=True)
     first.update(
         members=members,
+        members_total=len(members),
         status="running" if running else first["status"],
         ops_executed=sum(p["ops_executed"] for p in parts),
-        ops_total=sum(p["ops_total"] for p in parts),
+        ops_total=sum(p["ops_total"] for p in parts) + member_ops * len(missing),
         finished_at=None if running else max((p["finished_at"] or 0) for p in parts),
         timings={k: round(sum(p["timings"][k] for p in parts), 6) for k in first["timings"]},
     )

@@ -120,6 +120,7 @@ class RunHandle(Handle):
     member_runs: list[RunHandle] = field(default_factory=list)
     claim: Claim | None = None  # the slots held for what it creates (a group's: shared by its members)
     hold: Hold | None = None  # the run slot it was registered under (a batch's rollouts)
+    share_of: int = 0  # a share of a group spread over Ray hosts: the whole group's size
 
     @property
     def finished(self) -> bool:

@@ -52,13 +52,18 @@ class ServiceInfo(BaseModel):
 
 
 class Health(BaseModel):
-    status: Literal["healthy"] = Field(description="Always `healthy` when the service answers.")
+    status: Literal["healthy", "unavailable"] = Field(
+        description="`healthy` when the service can serve; `unavailable` (answered 503) when it is "
+        "served through Ray and no host answers."
+    )
     version: str = Field(description="grpo-service's version.")
     instance: str = Field(
         description="This process's tag: the prefix of the env, policy and run ids it issues "
         "(through Ray, each host's tag prefixes its ids)."
     )
-    workers: int = Field(description="Processes holding live objects: 1 embedded, else the live Ray hosts.")
+    workers: int = Field(
+        description="Processes holding live objects: 1 embedded, else the Ray hosts that answered."
+    )
     lost_hosts: list[str] = Field(
         default_factory=list, description="Ray hosts found dead: their envs, policies and runs are gone."
     )

@@ -51,6 +51,11 @@ class RunStatusResponse(RunProgress):
     members: list[RunMemberStatus] | None = Field(
         default=None, description="A group's members and their progress (null for a single rollout)."
     )
+    members_total: int | None = Field(
+        default=None,
+        description="How many members the group has: `members` lists every one, each with its status "
+        "(null for a single rollout).",
+    )
     result: RolloutResponse | RolloutGroupResponse | None = Field(
         default=None, description="The full result once finished (start-then-poll)."
     )

@@ -144,6 +144,8 @@ class RolloutCoordinator:
         ops = [member_ops if i < req.group_size else member_ops - 2 for i in indices]
         run = self.runs.add(group_id, "group", sum(ops), req.rl_run_id)
         run.member_ids = member_ids
+        if members is not None and req.fork is None:
+            run.share_of = req.group_size
         run.member_runs = [
             self.runs.add(member_id, "rollout", n, req.rl_run_id)
             for member_id, n in zip(member_ids, ops, strict=True)

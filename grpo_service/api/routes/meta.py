@@ -60,7 +60,11 @@ async def info(services: ServicesDep) -> ServiceInfo:
     )
 
 
-@router.get("/health", response_model=Health)
+@router.get(
+    "/health",
+    response_model=Health,
+    responses={503: {"model": Health, "description": "Served through Ray, and no host answers."}},
+)
 async def health(services: ServicesDep) -> Health:
     """Liveness and load. Open without a key, and carries no secrets."""
     s, counts, training = services.settings, services.registry.counts(), services.training

@@ -115,6 +115,7 @@ async def run_status(
             for m in members
         ],
         result_evicted=run.result_evicted,
+        members_total=None if run.kind != "group" else run.share_of or len(members),
     )
     # The result is kept as JSON: spliced in as it is, neither parsed nor serialized again.
     body = status.model_dump(mode="json") | {"result": orjson.Fragment(run.result or b"null")}

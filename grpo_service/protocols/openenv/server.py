@@ -27,7 +27,7 @@ from fastapi_offline import FastAPIOffline
 from starlette.websockets import WebSocket, WebSocketDisconnect, WebSocketState
 
 from envs.base import ENVIRONMENTS, environment_class
-from grpo_service.api.auth import check_key, require_api_key
+from grpo_service.api.auth import check_key, internal_only, require_api_key
 from grpo_service.api.limits import strict_json
 from grpo_service.api.services import Services
 from grpo_service.errors import ServiceError, Unauthorized, error_body
@@ -264,7 +264,9 @@ def openenv_server(env_name: str, services: Services, app: FastAPI) -> FastAPI:
     async def ws(websocket: WebSocket) -> None:
         await websocket_session(websocket, sessions, app)
 
-    @server.post("/link", include_in_schema=False, dependencies=[Depends(require_api_key)])
+    @server.post(
+        "/link", include_in_schema=False, dependencies=[Depends(internal_only), Depends(require_api_key)]
+    )
     async def link(request: LinkRequest) -> JSONResponse:
         """A Ray front's socket, operating its session on this host (internal)."""
         outcome = await LocalLink(sessions).serve(request)
