@@ -119,9 +119,8 @@ def uvicorn_config(
     app: Any, host: str, port: int, *, keyed: bool, header_timeout_s: float = HEADER_TIMEOUT_S, **options: Any
 ) -> uvicorn.Config:
     """The uvicorn config every server here runs with (see the module's docstring)."""
-    config = uvicorn.Config(
-        guarded(app, host, keyed=keyed), host=host, port=port, http=http_protocol(), **{**UVICORN_OPTIONS, **options}
-    )
+    options = {"http": http_protocol(), **UVICORN_OPTIONS, **options}
+    config = uvicorn.Config(guarded(app, host, keyed=keyed), host=host, port=port, **options)
     config.header_timeout_s = header_timeout_s  # type: ignore[attr-defined]  # read by _HeaderDeadline
     return config
 
@@ -143,9 +142,8 @@ def serve(settings: Settings, *, reload: bool = False, app_path: str = "main:app
         if settings.ray_address is not None:
             raise SystemExit("--reload serves one process: it cannot be combined with --ray or --workers")
         # Reload needs an import string; the child process rebuilds Settings from the environment.
-        uvicorn.run(
-            app_path, host=settings.host, port=settings.port, reload=True, http=http_protocol(), **UVICORN_OPTIONS
-        )
+        options = {"reload": True, "http": http_protocol(), **UVICORN_OPTIONS}
+        uvicorn.run(app_path, host=settings.host, port=settings.port, **options)
         return
     from grpo_service.app import create_app
 
