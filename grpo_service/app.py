@@ -16,7 +16,7 @@ import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service.api.auth import APIKeyGate, document_security, redact_query_secrets
 from grpo_service.api.limits import BodySizeLimit
-from grpo_service.api.routes import batch, env, meta, policy, rollout, training, viewer
+from grpo_service.api.routes import batch, env, meta, policy, rollout, stream, training, viewer
 from grpo_service.api.services import Services
 from grpo_service.config import Settings
 from grpo_service.core.env_manager import EnvManager
@@ -28,6 +28,7 @@ from grpo_service.gc_tuning import serving_gc
 from grpo_service.protocols.agentgym import server as agentgym
 from grpo_service.protocols.openenv import server as openenv
 from grpo_service.rollout import RolloutCoordinator
+from grpo_service.rollout.stream import GroupStreams
 from grpo_service.tracing.traces import TraceSink
 from grpo_service.version import __version__
 from inference import ClientPool
@@ -74,6 +75,7 @@ def build_services(
         envs=env_manager,
         policies=policy_manager,
         coordinator=coordinator,
+        streams=GroupStreams(coordinator),
         tracer=tracer,
         client_pool=pool,
     )
@@ -136,6 +138,7 @@ def create_app(
                 yield
         finally:
             reaper.cancel()
+            services.streams.close_all()
             for run in services.registry.runs:
                 run.abort.set()
             await services.client_pool.aclose()
@@ -156,7 +159,8 @@ def create_app(
     app.state.settings = settings
     app.state.services = services
     install_error_handlers(app)
-    for module in (meta, env, policy, rollout, batch, viewer):  # each route lists the errors it can return
+    # each route lists the errors it can return
+    for module in (meta, env, policy, rollout, stream, batch, viewer):
         app.include_router(module.router)
     agentgym.mount(app, services)
     openenv.mount(app, services)

@@ -14,7 +14,7 @@ import secrets
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -112,6 +112,9 @@ class RunHandle(Handle):
     task: asyncio.Task[Any] | None = None
     member_ids: list[str] = field(default_factory=list)  # a group's member runs
     member_runs: list[RunHandle] = field(default_factory=list)
+    # Set by a stream of groups: called when an LLM call returns, the weights version to tag it
+    # with (the stream's version then); None: the request's own ``weights_version``.
+    weights_version: Callable[[], int | None] | None = None
 
     @property
     def finished(self) -> bool:

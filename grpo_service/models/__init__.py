@@ -121,3 +121,12 @@ from grpo_service.models.runs import (  # noqa: F401
     RunProgress,
     RunStatusResponse,
 )
+from grpo_service.models.stream import (  # noqa: F401
+    StreamBatch,
+    StreamCounters,
+    StreamGroup,
+    StreamInfo,
+    StreamOpenRequest,
+    StreamTakeRequest,
+    StreamVersionRequest,
+)
