@@ -97,12 +97,14 @@ def test_a_weight_send_becomes_a_reloadable_checkpoint_with_the_tied_head(tmp_pa
 def vllm_task_app(real_vllm: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from grpo_service import create_app
     from tests.conftest import make_settings
+    from tests.llm_toy import toy_plugins
     from tests.vllm_helpers import SERVED
     from tools.server_thread import ServerThread
 
     root = tmp_path_factory.mktemp("trl-async")
     settings = make_settings(root, vllm_base_url=real_vllm.base_url, default_model=SERVED)
-    with ServerThread(create_app(settings), name="task-app") as server:
+    # toy-words: its graded reward varies within a group even for an untrained model (a signal)
+    with toy_plugins(), ServerThread(create_app(settings), name="task-app") as server:
         yield server
 
 
@@ -121,15 +123,15 @@ def test_trls_async_grpo_trains_on_the_stream_and_vllm_serves_its_weights(
     stream = {
         "group": {
             "group_size": 4,
-            "env": {"env_name": "babyai", "seed": 0},
-            "policy": {"policy_name": "babyai-agent", "config": {"max_tokens": 24, "temperature": 1.0}},
-            "max_turns": 3,
+            "env": {"env_name": "toy-words", "seed": 0},
+            "policy": {"policy_name": "toy-say", "config": {"max_tokens": 16, "temperature": 1.0}},
+            "max_turns": 1,
             "record": {"logprobs": True},
         },
         "in_flight": 2,
         "max_staleness": 1,
     }
-    worker = trl_async.TaskAppRolloutWorker(vllm_task_app.base_url, stream, format_penalty=1.0)
+    worker = trl_async.TaskAppRolloutWorker(vllm_task_app.base_url, stream)
     transfer = trl_async.TaskAppWeightTransfer(
         real_vllm.base_url, real_vllm.checkpoint, tmp_path / "weights", on_version=worker.note_version
     )
@@ -140,7 +142,7 @@ def test_trls_async_grpo_trains_on_the_stream_and_vllm_serves_its_weights(
         dtype="float32",
         learning_rate=1e-3,
         temperature=1.0,
-        token_budget=4096,
+        token_budget=1024,
         max_staleness=1,
         weight_sync_steps=1,
         report_to="none",

@@ -152,6 +152,10 @@ class StreamInfo(BaseModel):
     staleness: dict[int, int] = Field(
         description="Delivered groups by staleness (current version at delivery − oldest span version)."
     )
+    busy_s: float = Field(
+        description="Seconds during which at least one of its groups was playing (the sampler busy)."
+    )
+    open_s: float = Field(description="Seconds since it opened.")
     error: str | None = Field(default=None, description="Why the stream failed.")
 
 

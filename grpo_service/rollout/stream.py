@@ -93,6 +93,9 @@ class GroupStream:
         self.failed_in_a_row = 0
         self.waiting = 0
         self.last_call = time.monotonic()
+        self.opened_at = time.monotonic()
+        self.busy_s = 0.0  # time with at least one group playing: the sampler's share of the wall
+        self._busy_since: float | None = None
         self._changed = asyncio.Event()
         self._retry: asyncio.TimerHandle | None = None
         self._watchdog: asyncio.Task[None] | None = None
@@ -153,6 +156,7 @@ class GroupStream:
             if play.run is not None:
                 self.coordinator.abort(play.run.id)
         self.running.clear()
+        self._running_changed()
         self.ready.clear()
         self.replay.clear()
         if self._watchdog is not None and self._watchdog is not asyncio.current_task():
@@ -186,10 +190,23 @@ class GroupStream:
                 failed=c["failed"],
             ),
             staleness=dict(sorted(self.staleness.items())),
+            busy_s=round(self._busy(), 6),
+            open_s=round(time.monotonic() - self.opened_at, 6),
             error=self.error,
         )
 
     # ---------------------------------------------------------------------------- the machinery
+
+    def _busy(self) -> float:
+        since = self._busy_since
+        return self.busy_s + (time.monotonic() - since if since is not None else 0.0)
+
+    def _running_changed(self) -> None:
+        if self.running and self._busy_since is None:
+            self._busy_since = time.monotonic()
+        elif not self.running and self._busy_since is not None:
+            self.busy_s += time.monotonic() - self._busy_since
+            self._busy_since = None
 
     def _outstanding(self) -> int:
         return len(self.running) + len(self.ready) + len(self.replay)
@@ -251,6 +268,7 @@ class GroupStream:
             handle.weights_version = tag
         self.counts["started"] += 1
         self.running[id(play)] = play
+        self._running_changed()
         assert run.task is not None
         run.task.add_done_callback(lambda task: self._finished(play, task))
         return True
@@ -266,6 +284,7 @@ class GroupStream:
 
     def _finished(self, play: _Play, task: asyncio.Task[Any]) -> None:
         self.running.pop(id(play), None)
+        self._running_changed()
         if play.discarded or self.done:
             self._fill()
             return
@@ -302,6 +321,7 @@ class GroupStream:
     def _discard_running(self, play: _Play) -> None:
         play.discarded = True
         self.running.pop(id(play), None)
+        self._running_changed()
         if play.run is not None:
             self.coordinator.abort(play.run.id)
         self._on_stale(play)
