@@ -391,7 +391,14 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
     version = step
     server.load(start_weights, version)
     served = server.served()["id"]
-    source = group_source(config, task_app, served, version, step)  # sync requests, or the stream
+    source = group_source(  # each step's own requests, or the task app's stream (rl_async)
+        config,
+        task_app,
+        version,
+        step,
+        collect_step=lambda at, v: collect(task_app, config, at, served, v),
+        template=lambda k: group_request(config, _seed(config, 0, k), served, 0, k, version),
+    )
     first_version = version
     totals: Counter[str] = Counter()
     failed_steps, stop_error, saved = 0, None, step

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -58,18 +59,22 @@ class GroupSource(Protocol):
     def close(self) -> None: ...
 
 
+StepCollector = Callable[[int, int], Awaitable[tuple[list[dict[str, Any]], list[str]]]]
+"""(step, version) -> the step's groups and the errors of its failed requests (`training.llm.rl.collect`)."""
+GroupTemplate = Callable[[int], dict[str, Any]]
+"""k -> the body of the loop's k-th group request (`training.llm.rl.group_request`)."""
+
+
 class StepGroups:
-    """Sync: each step requests its groups and waits for all of them (`training.llm.rl.collect`)."""
+    """Sync: each step requests its groups and waits for all of them."""
 
     keep_weights = 2
 
-    def __init__(self, config: RLConfig, task_app: Any, served: str) -> None:
-        self.config, self.task_app, self.served = config, task_app, served
+    def __init__(self, collect_step: StepCollector) -> None:
+        self.collect_step = collect_step
 
     def collect(self, step: int, version: int) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
-        from training.llm.rl import collect
-
-        groups, errors = asyncio.run(collect(self.task_app, self.config, step, self.served, version))
+        groups, errors = asyncio.run(self.collect_step(step, version))
         return groups, errors, {}
 
     def pushed(self, version: int) -> None:
@@ -79,12 +84,12 @@ class StepGroups:
         pass
 
 
-def stream_request(config: RLConfig, served: str, version: int, first_group: int) -> dict[str, Any]:
+def stream_request(
+    config: RLConfig, template: GroupTemplate, version: int, first_group: int
+) -> dict[str, Any]:
     """The stream's open body: the sync loop's group request as the template (without the id and
     version the stream sets), the seeds from ``first_group`` on (a resumed run goes on), the bounds."""
-    from training.llm.rl import _seed, group_request
-
-    template = group_request(config, _seed(config, 0, first_group), served, 0, 0, version)
+    template = {**template(first_group)}
     template.pop("group_id")
     template.pop("weights_version")
     seeds = None
@@ -106,11 +111,11 @@ class StreamGroups:
     """Async: the groups of each step are the next finished ones of the task app's stream."""
 
     def __init__(
-        self, config: RLConfig, task_app: StreamingTaskApp, served: str, version: int, step: int
+        self, config: RLConfig, task_app: StreamingTaskApp, template: GroupTemplate, version: int, step: int
     ) -> None:
         self.config = config
         self.keep_weights = config.max_staleness + 2
-        body = stream_request(config, served, version, step * config.groups_per_step)
+        body = stream_request(config, template, version, step * config.groups_per_step)
         self.stream = task_app.open_stream(body)
         self.info: dict[str, Any] = {}
 
@@ -137,6 +142,7 @@ class StreamGroups:
         stats = {
             "stream_staleness_max": max(staleness, default=0),
             "stream_staleness_mean": round(sum(staleness) / len(staleness), 4) if staleness else 0.0,
+            "stream_staleness_counts": {str(k): v for k, v in sorted(Counter(staleness).items())},
             "stream_spanning_groups": sum(1 for g in taken if g["oldest_version"] != g["newest_version"]),
             "stream_dropped_stale": counters.get("dropped_stale", 0),
             "stream_restarted_stale": counters.get("restarted_stale", 0),
@@ -154,10 +160,19 @@ class StreamGroups:
             self.stream.close()
 
 
-def group_source(config: RLConfig, task_app: Any, served: str, version: int, step: int) -> GroupSource:
+def group_source(
+    config: RLConfig,
+    task_app: Any,
+    version: int,
+    step: int,
+    collect_step: StepCollector,
+    template: GroupTemplate,
+) -> GroupSource:
+    """``mode = "async"``: the stream (``template`` makes its group template); else each step's own
+    requests (``collect_step``)."""
     if config.mode == "async":
-        return StreamGroups(config, task_app, served, version, step)
-    return StepGroups(config, task_app, served)
+        return StreamGroups(config, task_app, template, version, step)
+    return StepGroups(collect_step)
 
 
 def span_fidelity(
