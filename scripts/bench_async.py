@@ -198,9 +198,8 @@ def plot(report: dict[str, Any], path: Path) -> None:
                 ax.bar(i, statistics.fmean(values), alpha=0.3)
         ax.set_xticks(range(len(TRAINERS)), TRAINERS)
         ax.set_title(title)
-    if key == "s_per_1000_episodes":
-        axes[0].axhline(report["sft_success"], ls="--", c="grey", label="SFT")
-        axes[0].legend()
+    axes[0].axhline(report["sft_success"], ls="--", c="grey", label="SFT")
+    axes[0].legend()
     width = 0.35
     for j, key in enumerate(("trainer_idle", "sampler_idle")):
         means = [statistics.fmean([r[key] for r in runs if r["trainer"] == t] or [0]) for t in TRAINERS]
@@ -258,6 +257,9 @@ def main() -> None:
     with ServerThread(create_app(settings), name="task-app") as app:
         args.app_url = app.base_url
         sft_final = out / "sft" / "final"
+        previous = out / "report.json"
+        if previous.exists():  # the SFT below is reused: keep what it was
+            report["sft"] = json.loads(previous.read_text()).get("sft")
         if not (sft_final / "config.json").exists():
             examples = collect_agent_demos(
                 app, GAME.task_ids(0, args.teacher_tasks), args, db, out / "sft.jsonl"
