@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -298,6 +299,7 @@ def main() -> None:
                 for trainer in args.trainers:
                     engine.reload_weights(sft_final)
                     run_dir = out / f"{trainer}-s{seed}"
+                    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh run (train_rl would resume)
                     if trainer == "trl":
                         run = run_trl(args, str(sft_final), run_dir, seed)
                     else:
