@@ -296,4 +296,4 @@ def test_a_stream_of_groups_lives_on_one_host_and_is_reached_through_the_front(
         assert {tag_of(g["group"]["group_id"]) for g in groups} == {tag_of(sid)}  # played on its host
         assert taken["info"]["status"] == "finished"
         assert httpx.delete(base, timeout=10).json()["counters"]["delivered"] == 4
-        assert httpx.get(base, timeout=10).status_code == 404
+        assert httpx.get(base + "/status", timeout=10).status_code == 404

@@ -74,7 +74,7 @@ def take_all(client: httpx.Client, stream_id: str, count: int) -> list[dict[str,
 
 
 def info(client: httpx.Client, stream_id: str) -> dict[str, Any]:
-    r = client.get(f"/rollout/stream/{stream_id}")
+    r = client.get(f"/rollout/stream/{stream_id}/status")
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -202,7 +202,7 @@ def test_bad_requests_are_4xx(client: httpx.Client) -> None:
     unknown = {**body, "group": {**body["group"], "env": {"env_name": "no-such-env", "seed": 0}}}
     assert client.post("/rollout/stream", json=unknown).status_code in (404, 422)
     assert client.post("/rollout/stream/nope/take", json={}).status_code == 404
-    assert client.get("/rollout/stream/nope").json()["code"] == "stream_not_found"
+    assert client.get("/rollout/stream/nope/status").json()["code"] == "stream_not_found"
     sid = open_stream(client, in_flight=1)
     assert client.post(f"/rollout/stream/{sid}/take", json={"wait_s": 61}).status_code == 422
     assert client.post(f"/rollout/stream/{sid}/version", json={"weights_version": 2}).status_code == 200

@@ -278,7 +278,7 @@ def test_a_stream_of_groups_spans_weight_pushes_each_span_tagged_with_the_weight
             wait_until_sampling(client, sid)
             push(real_vllm.checkpoint, 3)  # two versions on: every group begun under 1 is too stale
             later = take(2)
-            final = client.get(f"/rollout/stream/{sid}").json()
+            final = client.get(f"/rollout/stream/{sid}/status").json()
         finally:
             client.delete(f"/rollout/stream/{sid}")
             sync.load(real_vllm.checkpoint, 0)

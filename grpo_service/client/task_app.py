@@ -318,7 +318,7 @@ class _Routes:
         return self._send(request, models.StreamInfo)
 
     def stream_info(self, stream_id: str) -> models.StreamInfo:
-        return self._get(f"/rollout/stream/{stream_id}", models.StreamInfo)
+        return self._get(f"/rollout/stream/{stream_id}/status", models.StreamInfo)
 
     def close_stream(self, stream_id: str) -> models.StreamInfo:
         return self._send(

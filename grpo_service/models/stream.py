@@ -39,7 +39,8 @@ class StreamOpenRequest(Request):
             "in_flight": 4,
             "max_staleness": 1,
             "stale_policy": "restart",
-        }
+        },
+        strict=True,  # numbers are numbers: `false` is not version 0
     )
 
     group: RolloutGroupRequest = Field(
@@ -106,7 +107,7 @@ class StreamOpenRequest(Request):
 class StreamTakeRequest(Request):
     """Take finished groups (`POST /rollout/stream/{stream_id}/take`)."""
 
-    model_config = request_config({"max_groups": 4, "wait_s": 5.0})
+    model_config = request_config({"max_groups": 4, "wait_s": 5.0}, strict=True)
 
     max_groups: int = Field(default=1, ge=1, le=MAX_STREAM_IN_FLIGHT, description="At most this many.")
     wait_s: float = Field(
@@ -121,7 +122,7 @@ class StreamVersionRequest(Request):
     """A new weights version (`POST /rollout/stream/{stream_id}/version`): send it once the sampler
     serves the new weights and before it resumes generating."""
 
-    model_config = request_config({"weights_version": 1})
+    model_config = request_config({"weights_version": 1}, strict=True)
 
     weights_version: int = Field(ge=0, description="Must not go backwards.")
 

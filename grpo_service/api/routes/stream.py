@@ -59,7 +59,7 @@ async def set_stream_version(
 
 
 @router.get(
-    "/rollout/stream/{stream_id}", response_model=StreamInfo, responses=error_responses(404, 421, 422)
+    "/rollout/stream/{stream_id}/status", response_model=StreamInfo, responses=error_responses(404, 421, 422)
 )
 async def stream_info(stream_id: StreamId, services: ServicesDep) -> StreamInfo:
     """The stream's status, version, counters and staleness of the groups delivered."""
