@@ -379,8 +379,11 @@ def sdpa_varlen(
 def cpu_shims() -> Iterator[None]:
     """TRL 1.16's AsyncGRPOTrainer on a CPU: its two CUDA-only internals replaced while the block
     runs (construct and train the trainer inside it), restored after."""
+    import trl
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 
+    if trl.__version__ != TRL_VERSION:  # the two internals replaced here were read from that release
+        raise RuntimeError(f"cpu_shims is written for trl=={TRL_VERSION}; this is trl {trl.__version__}")
     saved = (async_grpo_trainer.get_peak_flops_per_device, packing._flash_attn)
     async_grpo_trainer.get_peak_flops_per_device = lambda accelerator, dtype: None  # MFU off
     packing._flash_attn = lambda: SimpleNamespace(flash_attn_varlen_func=sdpa_varlen)
