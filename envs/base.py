@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from envs.errors import InvalidConfig, InvalidState, UnknownPlugin, validation_problems
 from inference.calls import LLMCall
@@ -51,6 +51,20 @@ class StepResult:
     info: dict[str, Any]
     step_idx: int
 
+    def refusal(self, message: str) -> StepResult:
+        """The answer to an action the env refused (`InvalidAction`) after this result, as
+        AgentGym's servers answer an action their game does not know: this observation with the
+        env's ``message`` as its text, reward 0, nothing executed; ``info["invalid_action"]``
+        holds the message."""
+        return StepResult(
+            observation={**self.observation, "text": message},
+            reward=0.0,
+            done=self.done,
+            truncated=self.truncated,
+            info={"invalid_action": message, "actions_executed": 0},
+            step_idx=self.step_idx,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Frame:
@@ -62,6 +76,15 @@ class Frame:
 
     png: bytes | None = None
     text: str | None = None
+
+
+class ObservationFields(BaseModel):
+    """An env's observation as consumers are told of it: ``text`` (what an LLM reads) and the
+    env's structured fields, which an env's subclass declares (an env may add more)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    text: str = Field(description="The observation as an LLM reads it.")
 
 
 ConfigT = TypeVar("ConfigT", bound=PluginConfig)
@@ -107,8 +130,30 @@ class Environment(abc.ABC, Generic[ConfigT]):
     # turn. An env whose state lives where it cannot be read (a remote session) says False.
     snapshots_mid_episode: ClassVar[bool] = True
 
+    # What its observations hold, for consumers (OpenEnv's `/schema`).
+    observation_model: ClassVar[type[ObservationFields]] = ObservationFields
+    # The actions a model may write, for consumers that show them to one (OpenEnv's `/schema` and
+    # first observation): each an exact action or a form ("get N item"), and a few examples.
+    action_forms: ClassVar[tuple[str, ...]] = ()
+    action_examples: ClassVar[tuple[str | int, ...]] = ()
+
     config: ConfigT
     seed: int
+
+    @classmethod
+    def vocabulary(cls) -> str:
+        """The actions as a model is told of them before its first move."""
+        return "Actions: " + ", ".join(f'"{form}"' for form in cls.action_forms) + "."
+
+    @classmethod
+    def action_schema(cls) -> dict[str, Any]:
+        """JSON schema of one action as a model writes it (default: a text command of one of
+        ``action_forms``)."""
+        return {
+            "type": "string",
+            "description": f"One {cls.name} action. {cls.vocabulary()}",
+            "examples": list(cls.action_examples),
+        }
 
     @classmethod
     def create(cls, config: dict[str, Any] | None, seed: int | None) -> Environment:

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError
 
 from envs.agent import TEXT_ACTION_TOOL, text_action_tool, text_actions
-from envs.base import ConfigT, Environment, Frame, PluginConfig, StepResult
+from envs.base import ConfigT, Environment, Frame, ObservationFields, PluginConfig, StepResult
 from envs.errors import EpisodeOver, InvalidAction, InvalidConfig, InvalidState
 
 MAX_ACTION_CHARS = 512
@@ -132,6 +132,15 @@ class TextGameConfig(PluginConfig):
         False,
         description="Add `oracle_action` to each observation: the game's scripted solver's next action "
         "(for baselines and tests; never show it to a model you evaluate).",
+    )
+
+
+class TextGameObservation(ObservationFields):
+    """An AgentGym text game's observation: the game's text, its task, and its own fields."""
+
+    data_idx: int = Field(description="The task (AgentGym's data_idx; the seed).")
+    oracle_action: str | int | None = Field(
+        default=None, description="The scripted solver's next action (config `oracle` only)."
     )
 
 

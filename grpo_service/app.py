@@ -16,7 +16,7 @@ import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service.api.auth import APIKeyGate, document_security, redact_query_secrets
 from grpo_service.api.limits import BodySizeLimit
-from grpo_service.api.routes import batch, env, meta, policy, rollout, stream, training, viewer
+from grpo_service.api.routes import batch, env, group_stream, meta, policy, rollout, training, viewer
 from grpo_service.api.services import Services
 from grpo_service.config import Settings
 from grpo_service.core.env_manager import EnvManager
@@ -28,7 +28,7 @@ from grpo_service.gc_tuning import serving_gc
 from grpo_service.protocols.agentgym import server as agentgym
 from grpo_service.protocols.openenv import server as openenv
 from grpo_service.rollout import RolloutCoordinator
-from grpo_service.rollout.stream import GroupStreams
+from grpo_service.rollout.group_stream import GroupStreams
 from grpo_service.tracing.traces import TraceSink
 from grpo_service.version import __version__
 from inference import ClientPool
@@ -55,7 +55,9 @@ def build_services(
     )
     store = store or LocalSnapshotStore(settings.state_dir)
     snapshots = SnapshotService(store, SnapshotCodec(load_signing_key(settings)), registry)
-    pool = ClientPool(max_response_bytes=settings.inference_max_response_bytes)
+    pool = ClientPool(
+        max_response_bytes=settings.inference_max_response_bytes, transport=settings.inference_transport
+    )
     context = PolicyContext(
         inference_url=settings.vllm_base_url,
         model=settings.default_model,
@@ -160,7 +162,7 @@ def create_app(
     app.state.services = services
     install_error_handlers(app)
     # each route lists the errors it can return
-    for module in (meta, env, policy, rollout, stream, batch, viewer):
+    for module in (meta, env, policy, rollout, group_stream, batch, viewer):
         app.include_router(module.router)
     agentgym.mount(app, services)
     openenv.mount(app, services)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -58,6 +59,19 @@ class Settings(BaseSettings):
     max_policies: int = Field(default=10_000, ge=1)
     max_active_runs: int = Field(default=1_024, ge=1)
     max_finished_runs: int = Field(default=2_000, ge=1, description="Finished runs kept for /run/status.")
+    max_finished_result_bytes: int = Field(
+        default=256 * 1024 * 1024,
+        ge=0,
+        description="Bytes of finished background results (their JSON) kept for /run/status; beyond "
+        "it the oldest results are dropped (their runs stay listed, with `result_evicted`).",
+    )
+    max_request_turns: int = Field(
+        default=10_000,
+        ge=1,
+        description="Turns (decisions) one rollout request may play over all its members: a group's "
+        "G x max_turns (a fork tree's continuations included), a batch's ids x max_round. Its result "
+        "holds every turn in memory until it is answered; 422 beyond.",
+    )
     idle_ttl_s: float = Field(default=1_800.0, gt=0, description="Idle envs/policies expire after this.")
     reaper_interval_s: float = Field(default=30.0, gt=0)
     max_request_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
@@ -99,6 +113,12 @@ class Settings(BaseSettings):
     )
 
     inference_timeout_s: float = Field(default=120.0, gt=0)
+    inference_transport: Literal["lean", "sdk"] = Field(
+        default="lean",
+        description="How policies reach the inference server: 'lean' (aiohttp directly, the least "
+        "CPU per decision) or 'sdk' (through the openai package, for a provider that needs its "
+        "behaviour). Same requests, retries and errors.",
+    )
     inference_max_retries: int = Field(default=3, ge=0, le=10)
 
     trace_db: Path | None = Field(default=None, description="SQLite file that every rollout is traced to.")

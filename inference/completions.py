@@ -72,3 +72,59 @@ def completion_budget(prompt_tokens: int, max_tokens: int | None, max_model_len:
 def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
     """OpenAI's error body, as vLLM sends it."""
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def text_choice(
+    index: int,
+    text: str,
+    finish_reason: str,
+    token_ids: list[int],
+    logprobs: list[float],
+    tokens: list[str],
+    *,
+    prompt_ids: list[int],
+    with_logprobs: bool,
+    with_token_ids: bool,
+) -> dict[str, Any]:
+    """One ``choices[i]`` of vLLM 0.32's ``/v1/completions`` answer: ``text``, and when asked the
+    sampled tokens' logprobs (``logprobs.token_logprobs``, one per entry of ``token_ids``) and,
+    with ``return_token_ids``, ``prompt_token_ids`` (the ids the prompt was, sent as ids or text)
+    and ``token_ids`` (the completion's, its stop token included)."""
+    choice: dict[str, Any] = {
+        "index": index,
+        "text": text,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": None,
+        "prompt_logprobs": None,
+    }
+    if with_logprobs:
+        offsets, at = [], 0
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        choice["logprobs"] = {
+            "text_offset": offsets,
+            "token_logprobs": logprobs,
+            "tokens": tokens,
+            "top_logprobs": [{t: lp} for t, lp in zip(tokens, logprobs, strict=True)],
+        }
+    if with_token_ids:
+        choice["prompt_token_ids"] = prompt_ids
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def check_token_prompt(prompt: Any, vocab_size: int) -> list[int] | None:
+    """A completions ``prompt`` given as token ids (``[1, 2]`` or ``[[1, 2]]``), checked against the
+    vocabulary, or None when it is text; ValueError naming what is wrong (vLLM answers a 400)."""
+    if isinstance(prompt, str):
+        return None
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list | str):
+        return check_token_prompt(prompt[0], vocab_size)
+    if not isinstance(prompt, list) or not prompt or not all(type(t) is int for t in prompt):
+        raise ValueError("prompt must be a string or a non-empty list of token ids (one prompt)")
+    bad = next((t for t in prompt if not 0 <= t < vocab_size), None)
+    if bad is not None:
+        raise ValueError(f"Token id {bad} is out of vocabulary (size {vocab_size})")
+    return prompt

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import email.utils
 import hashlib
 import importlib.util
 import json
@@ -22,24 +21,37 @@ import time
 import urllib.parse
 import weakref
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx2
 import openai
 import orjson
 import pydantic
+import yarl
 from pydantic import SecretStr
 
 from inference.calls import LLMCall
-from inference.errors import InferenceError, InferenceErrorKind, TokenMismatchError
+from inference.errors import InferenceError, TokenMismatchError
 from inference.nesting import MAX_JSON_DEPTH, too_deep
+from inference.transport import (
+    KEEPALIVE_S,
+    MAX_CONNECTIONS,
+    MAX_DETAIL_CHARS,
+    TRANSPORTS,
+    LeanTransport,
+    TransportName,
+    classify_lean,
+    status_error,
+    too_large,
+)
 
 # Generous: a hidden per-client connection cap silently serializes concurrent rollouts. Idle
 # connections are dropped before the server's own idle timeout (uvicorn's and so vLLM's: 5 s), or
 # a request sent on a connection the server is closing fails with a connection error.
-HTTP_LIMITS = httpx2.Limits(max_connections=1024, max_keepalive_connections=512, keepalive_expiry=4.0)
-_MAX_DETAIL_CHARS = 500
+HTTP_LIMITS = httpx2.Limits(
+    max_connections=MAX_CONNECTIONS, max_keepalive_connections=512, keepalive_expiry=KEEPALIVE_S
+)
 # The largest reply accepted. A vLLM reply to max_tokens=32768 with per-token logprobs is about
 # 3 MB; a bigger one is refused while it streams in (it would be held in memory, then traced).
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
@@ -123,33 +135,12 @@ def redact(text: str, secret: str | None) -> str:
     return text
 
 
-def _parse_retry_after(headers: Mapping[str, str] | None) -> float | None:
-    if not headers:
-        return None
-    for name, divisor in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            return max(0.0, float(value) / divisor)
-        except ValueError:
-            parsed = email.utils.parsedate_to_datetime(value) if name == "retry-after" else None
-            if parsed is not None:
-                return max(0.0, parsed.timestamp() - time.time())
-    return None
-
-
-def _status_error(exc: openai.APIStatusError) -> tuple[InferenceErrorKind, float | None]:
-    status = exc.status_code
-    if status == 429:
-        return "rate_limited", _parse_retry_after(exc.response.headers)
-    if status >= 500:
-        return "server_error", None
-    if status in (401, 403):
-        return "auth_error", None
-    if status == 408:
-        return "timeout", None
-    return "bad_request", None
+def transport_name(name: str | None = None) -> TransportName:
+    """``name``, else ``INFERENCE_TRANSPORT``, else ``"lean"``."""
+    name = name or os.environ.get("INFERENCE_TRANSPORT") or "lean"
+    if name not in TRANSPORTS:
+        raise ValueError(f"INFERENCE_TRANSPORT must be one of {', '.join(TRANSPORTS)}, got {name!r:.40}")
+    return name  # type: ignore[return-value]
 
 
 def _refused(exc: BaseException) -> OSError | None:
@@ -183,11 +174,10 @@ def _classify(exc: BaseException) -> InferenceError | None:
         detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
         return InferenceError("connection_error", detail)
     if isinstance(exc, openai.APIStatusError):
-        kind, retry_after = _status_error(exc)
-        return InferenceError(kind, exc.message, status_code=exc.status_code, retry_after_s=retry_after)
+        return status_error(exc.status_code, exc.message, exc.response.headers)
     if isinstance(exc, (openai.APIResponseValidationError, json.JSONDecodeError, pydantic.ValidationError)):
         return InferenceError("malformed_response", f"{type(exc).__name__}: {exc}")
-    return None
+    return classify_lean(exc)
 
 
 def _completion_dict(raw: Any) -> dict[str, Any]:
@@ -263,10 +253,6 @@ def check_usage(usage: Any) -> dict[str, Any] | None:
     return usage
 
 
-def _too_large(size: str | int, limit: int) -> InferenceError:
-    return InferenceError("malformed_response", f"the reply exceeds {limit} bytes ({size})")
-
-
 class _CappedStream(httpx2.AsyncByteStream):
     def __init__(self, stream: httpx2.AsyncByteStream, limit: int) -> None:
         self._stream, self._limit = stream, limit
@@ -276,7 +262,7 @@ class _CappedStream(httpx2.AsyncByteStream):
         async for chunk in self._stream:
             seen += len(chunk)
             if seen > self._limit:
-                raise _too_large(f"{seen}+ bytes received", self._limit)
+                raise too_large(f"{seen}+ bytes received", self._limit)
             yield chunk
 
     async def aclose(self) -> None:
@@ -295,7 +281,7 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self._limit:
             await response.aclose()
-            raise _too_large(f"{declared} bytes declared", self._limit)
+            raise too_large(f"{declared} bytes declared", self._limit)
         response.stream = _CappedStream(response.stream, self._limit)  # type: ignore[arg-type]
         return response
 
@@ -406,7 +392,12 @@ def default_http_client(timeout_s: float, max_response_bytes: int = MAX_RESPONSE
 
 
 class InferenceClient:
-    """Chat completions against one OpenAI-compatible server (vLLM, OpenAI, Groq, the fake)."""
+    """Chat completions against one OpenAI-compatible server (vLLM, OpenAI, Groq, the fake).
+
+    Requests go through the lean aiohttp transport (`inference.transport`) unless
+    ``transport="sdk"`` (or ``INFERENCE_TRANSPORT=sdk``) sends them through the openai SDK: the
+    same bytes, headers that matter, timeouts, retries and errors either way.
+    """
 
     def __init__(
         self,
@@ -419,6 +410,8 @@ class InferenceClient:
         backoff_max_s: float = 8.0,
         http_client: httpx2.AsyncClient | None = None,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        transport: TransportName | None = None,
+        lean: LeanTransport | None = None,
     ) -> None:
         if timeout_s <= 0 or max_retries < 0 or backoff_base_s < 0 or backoff_max_s < 0:
             raise ValueError("timeout_s must be > 0; retries and backoffs must be >= 0")
@@ -430,9 +423,20 @@ class InferenceClient:
         self.max_retries = max_retries
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
+        self.transport: TransportName = transport_name(transport)
         self._api_key = resolve_api_key(api_key)
+        # The headers of every request (the SDK sends these too, with its own telemetry ones).
+        self._headers = {
+            "Accept": "application/json",
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {self._api_key}",
+            **proxy_auth_headers(),
+        }
         self._owns_http = http_client is None
         self._http = http_client
+        self._owns_lean = lean is None
+        self._urls: dict[str, yarl.URL] = {}
+        self._lean = lean
         self._openai_client: openai.AsyncOpenAI | None = None  # built on first use: see `_openai`
         self._jitter = random.Random()
         self._closed = False
@@ -455,10 +459,16 @@ class InferenceClient:
             )
         return self._openai_client
 
+    @property
+    def _lean_transport(self) -> LeanTransport:
+        if self._lean is None:
+            self._lean = LeanTransport(self.max_response_bytes)
+        return self._lean
+
     def __repr__(self) -> str:
         return (
             f"InferenceClient(base_url={self.base_url!r}, timeout_s={self.timeout_s}, "
-            f"max_retries={self.max_retries})"
+            f"max_retries={self.max_retries}, transport={self.transport!r})"
         )
 
     def backoff_s(self, failures: int, retry_after_s: float | None = None) -> float:
@@ -486,7 +496,71 @@ class InferenceClient:
         """Send ``chat.completions.create(**request)`` with bounded retries; raise InferenceError."""
         body = self.prepare_request(request, return_token_ids=return_token_ids)
         started = time.monotonic()
-        deadline = started + deadline_s if deadline_s is not None else None
+        data, attempts = await self.post_json("/chat/completions", body, deadline_s=deadline_s)
+        try:
+            return self._to_call(body, data, started, attempts)
+        except InferenceError as exc:
+            exc.attempts = attempts
+            exc.detail = redact(exc.detail, self._api_key)
+            raise
+
+    async def complete_tokens(
+        self,
+        prompt_ids: list[int],
+        request: dict[str, Any],
+        *,
+        deadline_s: float | None = None,
+    ) -> LLMCall:
+        """Token in, token out: ``POST /v1/completions`` with the prompt as token ids (vLLM's
+        completions API takes one), asking for the completion's ``token_ids`` and each sampled
+        token's logprob; through `post_json`, as `chat` (same transport, retries, deadline and
+        errors).
+
+        ``request`` holds the sampling fields (``model``, ``max_tokens``, ``temperature``,
+        ``top_p``, ``seed``, ``stop``, ``extra_body``...). The call's ``response`` is the server's
+        text completion; its ``prompt_token_ids`` are the ids sent (the server's echo checked
+        against them: a server that re-tokenized them broke the stream)."""
+        body = {**request, "prompt": prompt_ids, "logprobs": 1}
+        body["extra_body"] = {**(body.get("extra_body") or {}), "return_token_ids": True}
+        started = time.monotonic()
+        data, attempts = await self.post_json("/completions", body, deadline_s=deadline_s)
+        try:
+            call = self._to_text_call(body, data, started, attempts)
+        except InferenceError as exc:
+            exc.attempts = attempts
+            exc.detail = redact(exc.detail, self._api_key)
+            raise
+        if call.prompt_token_ids is not None and call.prompt_token_ids != prompt_ids:
+            raise InferenceError(
+                "malformed_response",
+                f"the server answered for a different prompt ({len(call.prompt_token_ids)} token ids "
+                f"echoed, {len(prompt_ids)} sent)",
+                attempts,
+            )
+        return call
+
+    async def post_json(
+        self, path: str, body: dict[str, Any], *, deadline_s: float | None = None
+    ) -> tuple[dict[str, Any], int]:
+        """POST ``body`` to ``base_url + path`` and answer the reply as a dict, with the number
+        of attempts it took: the one place a request reaches the server.
+
+        ``body`` is a request as ``create`` takes it: ``extra_body`` is merged into the JSON,
+        ``extra_headers`` and ``extra_query`` go to the headers and the query. The body is
+        encoded once (orjson). Each attempt is bounded by ``timeout_s`` and what is left of
+        ``deadline_s``; 429 (honouring ``Retry-After``), 5xx, connection errors and timeouts are
+        retried up to ``max_retries`` times with backoff; the reply is parsed as strict JSON and
+        cut at ``max_response_bytes``. Raises `InferenceError` (the key never in its text).
+        """
+        payload = {k: v for k, v in body.items() if k not in _OPTION_KEYS}
+        payload.update(body.get("extra_body") or {})
+        content = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
+        headers = self._headers
+        if body.get("extra_headers"):
+            headers = {**headers, **body["extra_headers"]}
+        params = body.get("extra_query") or None
+        send = self._send_lean if self.transport == "lean" else self._send_sdk
+        deadline = time.monotonic() + deadline_s if deadline_s is not None else None
         attempts = 0
         while True:
             remaining = None if deadline is None else deadline - time.monotonic()
@@ -496,20 +570,19 @@ class InferenceClient:
             attempt_timeout = self.timeout_s if remaining is None else min(self.timeout_s, remaining)
             try:
                 async with asyncio.timeout(attempt_timeout):
-                    data = _completion_dict(await self._create(body, attempt_timeout))
-                return self._to_call(body, data, started, attempts)
+                    raw = await send(path, content, headers, params, body, attempt_timeout)
+                return _completion_dict(raw), attempts
             except InferenceError as exc:
-                exc.attempts = attempts
-                exc.detail = redact(exc.detail, self._api_key)
-                raise
+                error = exc
             except Exception as exc:
-                error = _classify(exc)
-                if error is None:
+                classified = _classify(exc)
+                if classified is None:
                     raise
+                error = classified
                 if error.kind == "timeout" and error.status_code is None:
                     error.detail = f"no response within {attempt_timeout:.3g}s"
             error.attempts = attempts
-            error.detail = redact(error.detail, self._api_key)[:_MAX_DETAIL_CHARS]
+            error.detail = redact(error.detail, self._api_key)[:MAX_DETAIL_CHARS]
             if not error.retryable or attempts > self.max_retries:
                 raise error
             delay = self.backoff_s(attempts, error.retry_after_s)
@@ -518,27 +591,45 @@ class InferenceClient:
                 raise error
             await asyncio.sleep(delay)
 
-    async def _create(self, body: dict[str, Any], timeout: float) -> Any:
+    async def _send_lean(
+        self,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        params: dict[str, Any] | None,
+        body: dict[str, Any],
+        timeout: float,
+    ) -> bytes:
+        url = self._urls.get(path)
+        if url is None:  # parsed once per path, not per request
+            url = self._urls[path] = yarl.URL(self.base_url + path)
+        return await self._lean_transport.post(url, content, headers, params, timeout)
+
+    async def _send_sdk(
+        self,
+        path: str,
+        content: bytes,
+        headers: dict[str, str],
+        params: dict[str, Any] | None,
+        body: dict[str, Any],
+        timeout: float,
+    ) -> bytes:
         """``chat.completions.create(**body)``, through the openai client's public ``post``.
 
         Same endpoint, body, auth, transport and errors, minus per-call costs that buy nothing
         when the caller wants a plain dict: the type-directed request transform, an idempotency
         key, building a `ChatCompletion` only to dump it back (the body comes back as bytes for
         one strict parse), and the standard library's JSON encoder (the body is encoded once,
-        by orjson, and sent as ``content``). ``extra_body`` is merged into the body, as
-        ``create`` merges it.
+        by orjson, and sent as ``content``).
         """
-        payload = {k: v for k, v in body.items() if k not in _OPTION_KEYS}
-        payload.update(body.get("extra_body") or {})
         # A fixed idempotency key: the client makes a uuid4 per call otherwise, for a header
         # it sends only to servers that take one (OpenAI's chat route does not).
         options: dict[str, Any] = {"timeout": timeout, "idempotency_key": "unused", **_AUTH_OPTION}
         if body.get("extra_headers"):
             options["headers"] = body["extra_headers"]
-        if body.get("extra_query"):
-            options["params"] = body["extra_query"]
-        content = orjson.dumps(payload, option=orjson.OPT_NON_STR_KEYS)
-        return await self._openai.post("/chat/completions", content=content, options=options, cast_to=bytes)  # type: ignore[arg-type]
+        if params:
+            options["params"] = params
+        return await self._openai.post(path, content=content, options=options, cast_to=bytes)  # type: ignore[arg-type]
 
     def _to_call(self, body: dict[str, Any], response: Any, started: float, attempts: int) -> LLMCall:
         choices = response.get("choices") if isinstance(response, dict) else None
@@ -567,16 +658,67 @@ class InferenceClient:
             weights_version=_weights_version(response),
         )
 
+    def _to_text_call(self, body: dict[str, Any], response: Any, started: float, attempts: int) -> LLMCall:
+        """A ``/v1/completions`` answer (vLLM 0.32's shape, `text_choice`) as an `LLMCall`."""
+        choices = response.get("choices")
+        if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
+            raise InferenceError("malformed_response", "the response has no choices")
+        choice = choices[0]
+        _check_str(choice.get("text"), "choices[0].text")
+        _check_str(choice.get("finish_reason"), "choices[0].finish_reason")
+        prompt_ids = _int_list(choice.get("prompt_token_ids"), "choices[0].prompt_token_ids")
+        ids = _int_list(choice.get("token_ids"), "choices[0].token_ids")
+        field = choice.get("logprobs")
+        logprobs: list[float] | None = None
+        if field is not None:
+            values = field.get("token_logprobs") if isinstance(field, dict) else None
+            if (
+                not isinstance(values, list)
+                or not set(map(type, values)) <= {float, int}
+                or not all(map(math.isfinite, values))
+            ):
+                raise _malformed("choices[0].logprobs.token_logprobs", "a list of finite numbers")
+            logprobs = [float(v) for v in values]
+        if ids is not None and logprobs is not None and len(ids) != len(logprobs):
+            raise TokenMismatchError(
+                f"choices[0]: {len(ids)} token ids but {len(logprobs)} logprobs; "
+                "refusing to guess an alignment"
+            )
+        _check_str(response.get("model"), "model")
+        return LLMCall(
+            request=body,
+            response=response,
+            latency_ms=(time.monotonic() - started) * 1000.0,
+            attempts=attempts,
+            usage=check_usage(response.get("usage")),
+            model=response.get("model"),
+            finish_reason=choice.get("finish_reason"),
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=ids,
+            completion_logprobs=logprobs,
+            weights_version=_weights_version(response),
+        )
+
     async def list_models(self) -> list[str]:
+        """The ids the server's ``GET /models`` lists (one attempt, ``timeout_s``)."""
         try:
-            page = await self._openai.models.list()
+            if self.transport == "sdk":
+                page = await self._openai.models.list()
+                return [m.id for m in page.data]
+            raw = await self._lean_transport.get(self.base_url + "/models", self._headers, self.timeout_s)
+            data = _completion_dict(raw).get("data")
+            if not isinstance(data, list) or not all(isinstance(m, dict) for m in data):
+                raise InferenceError("malformed_response", "the model list has no 'data' list of objects")
+            return [m["id"] for m in data if isinstance(m.get("id"), str)]
+        except InferenceError as error:
+            error.detail = redact(error.detail, self._api_key)[:MAX_DETAIL_CHARS]
+            raise
         except Exception as exc:
             error = _classify(exc)
             if error is None:
                 raise
             error.detail = redact(error.detail, self._api_key)
             raise error from None
-        return [m.id for m in page.data]
 
     async def aclose(self) -> None:
         if self._closed:
@@ -585,6 +727,8 @@ class InferenceClient:
         # `AsyncOpenAI.close()` closes its HTTP client: only ours to close when we made it.
         if self._owns_http and self._http is not None:
             await self._http.aclose()
+        if self._owns_lean and self._lean is not None:
+            await self._lean.aclose()
 
 
 def _key_fingerprint(api_key: str) -> str:
@@ -594,12 +738,13 @@ def _key_fingerprint(api_key: str) -> str:
 class ClientPool:
     """Inference clients that share one HTTP connection pool (per event loop).
 
-    A client is cheap (an ``AsyncOpenAI`` wrapper, a few KB) once it does not own its transport:
-    the transport (connections, an SSL context, about 0.8 MB) is the pool's, one for every
-    endpoint. Clients are cached per (URL, key, timeout, retries) in a bounded LRU, so policies
-    with the same config share one and a caller varying its config on every policy cannot grow
-    the cache: an evicted client needs no closing, and a policy still holding one keeps working.
-    Use one pool per event loop (``shared_pool()`` does that).
+    A client is cheap (a few KB) once it does not own its transport: the transport (connections,
+    for the SDK an SSL context of about 0.8 MB) is the pool's, one for every endpoint. Clients
+    are cached per (URL, key, timeout, retries) in a bounded LRU, so policies with the same config
+    share one and a caller varying its config on every policy cannot grow the cache: an evicted
+    client needs no closing, and a policy still holding one keeps working. Use one pool per event
+    loop (``shared_pool()`` does that). ``transport``: ``"lean"`` (aiohttp, the default) or
+    ``"sdk"`` (the openai package); unset, ``INFERENCE_TRANSPORT`` says.
     """
 
     def __init__(
@@ -609,12 +754,15 @@ class ClientPool:
         backoff_max_s: float = 8.0,
         max_clients: int = 64,
         max_response_bytes: int = MAX_RESPONSE_BYTES,
+        transport: TransportName | None = None,
     ) -> None:
         self._clients: OrderedDict[tuple[str, str, float, int], InferenceClient] = OrderedDict()
         self._backoff = (backoff_base_s, backoff_max_s)
         self.max_clients = max_clients
         self.max_response_bytes = max_response_bytes
+        self.transport: TransportName = transport_name(transport)
         self._http: httpx2.AsyncClient | None = None
+        self._lean: LeanTransport | None = None
 
     def get(
         self,
@@ -630,9 +778,11 @@ class ClientPool:
         if client is not None:
             self._clients.move_to_end(key)
             return client
-        if self._http is None:
+        if self.transport == "sdk" and self._http is None:
             # Per-attempt timeouts are passed with each request; this is only the fallback.
             self._http = default_http_client(120.0, self.max_response_bytes)
+        if self.transport == "lean" and self._lean is None:
+            self._lean = LeanTransport(self.max_response_bytes)
         client = InferenceClient(
             base_url,
             key_value,
@@ -642,7 +792,11 @@ class ClientPool:
             backoff_max_s=self._backoff[1],
             http_client=self._http,
             max_response_bytes=self.max_response_bytes,
+            transport=self.transport,
+            lean=self._lean,
         )
+        # Not the pool's to close; a client built without one made its own.
+        client._owns_http = client._owns_lean = False
         self._clients[key] = client
         while len(self._clients) > self.max_clients:
             self._clients.popitem(last=False)
@@ -654,8 +808,11 @@ class ClientPool:
     async def aclose(self) -> None:
         self._clients.clear()
         http, self._http = self._http, None
+        lean, self._lean = self._lean, None
         if http is not None:
             await http.aclose()
+        if lean is not None:
+            await lean.aclose()
 
 
 _POOLS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, ClientPool] = weakref.WeakKeyDictionary()

@@ -9,9 +9,14 @@ input shapes: the canonical one, its aliases ``tool_name``/``name`` and ``argume
 from __future__ import annotations
 
 import json
+import re
+import uuid
 from typing import Any
 
 from inference.nesting import MAX_JSON_DEPTH, too_deep
+
+# Hermes tool calls, as Qwen3 writes them and vLLM's ``hermes`` parser reads them.
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 def canonical_tool_call(raw: Any, index: int = 0) -> tuple[dict[str, Any], str | None]:
@@ -63,3 +68,40 @@ def wire_tool_call(call: dict[str, Any]) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call["tool"], "arguments": json.dumps(call["args"])},
     }
+
+
+_TOOL_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), re.S)
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """Split a completion into its content and OpenAI-shaped tool calls (as vLLM's hermes parser).
+
+    A ``<tool_call>`` block whose body is not a JSON object with a string ``name`` stays in the
+    content, so the caller sees what the model wrote (and records ``no_tool_call``).
+    """
+    calls: list[dict[str, Any]] = []
+    kept: list[str] = []
+    last = 0
+    for match in _TOOL_CALL.finditer(text):
+        try:
+            body = json.loads(match.group(1))
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
+            continue
+        arguments = body.get("arguments", {})
+        calls.append(
+            {
+                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
+                "type": "function",
+                "function": {
+                    "name": body["name"],
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
+                },
+            }
+        )
+        kept.append(text[last : match.start()])
+        last = match.end()
+    kept.append(text[last:])
+    content = "".join(kept).strip() if calls else text
+    return (content or None), calls

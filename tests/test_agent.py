@@ -19,8 +19,8 @@ from envs.agent import (
 from envs.base import DRY_RUN, PluginConfig, PolicyContext, StepOptions, StepResult
 from envs.errors import InvalidAction, InvalidConfig, InvalidState
 from inference import InferenceClient
+from inference.toy_tokenizer import token_id, tokenize
 from tools.fake_server import FakeConfig, FakeInferenceServer
-from tools.toy_tokenizer import token_id, tokenize
 
 INSTRUCTION = "You are in a small house. Reach the kitchen. Reply with one line 'Action: <action>'."
 DOORS = ["go north", "go east", "look"]

@@ -93,3 +93,15 @@ def test_a_failing_id_does_not_sink_the_batch(client: httpx.Client, fake_llm: Fa
     first, second = r.json()["results"]
     assert (first["id"], first["stop_reason"]) == (0, "completed")
     assert second["id"] == 1 and second["stop_reason"].startswith("policy_error:inference")
+
+
+def test_a_batch_over_the_turn_budget_is_refused_whole(
+    start_server: Callable[..., ServerThread], fake_llm: FakeInferenceServer
+) -> None:
+    # Through Ray the front splits the ids (3 + 3 turns × 2 rounds would fit each host): it checks the whole.
+    server = start_server(max_request_turns=10)
+    with httpx.Client(base_url=server.base_url, timeout=120) as client:
+        r = batch(client, fake_llm, ids=list(range(6)), max_round=2)
+        assert r.status_code == 422 and r.json()["code"] == "too_many_turns", r.text
+        assert "(6 ids × max_round 2) may play up to 12 turns" in r.json()["detail"]
+        assert batch(client, fake_llm, ids=list(range(5)), max_round=2).json()["completed"] == 5

@@ -123,6 +123,28 @@ def test_same_seed_and_actions_same_trajectory(client: httpx.Client, name: str) 
 
 
 @pytest.mark.parametrize("name", ENV_NAMES)
+def test_observations_are_what_the_env_declares(client: httpx.Client, name: str) -> None:
+    """What consumers are told of an env (OpenEnv's `/schema`): its observations validate against
+    its `observation_model`, and its vocabulary and examples describe its actions."""
+    import jsonschema
+
+    cls, script = ENVIRONMENTS[name], SCRIPTS[name]
+    env = create(client, name, script)
+    schema = cls.observation_model.model_json_schema()
+    for observation in [
+        env["observation"],
+        *(s["observation"] for s in play(client, env["env_id"], script.actions)),
+    ]:
+        jsonschema.validate(observation, schema)
+        assert set(cls.observation_model.model_fields) - {"oracle_action", "image_png_base64"} <= set(
+            observation
+        )
+    assert cls.action_forms and cls.action_examples
+    assert all(jsonschema.validate(example, cls.action_schema()) is None for example in cls.action_examples)
+    client.post("/env/terminate", json={"env_id": env["env_id"]})
+
+
+@pytest.mark.parametrize("name", ENV_NAMES)
 def test_snapshot_restore_replays_identically(client: httpx.Client, name: str) -> None:
     script = SCRIPTS[name]
     half = len(script.actions) // 2

@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from envs.crafter.actions import ACTIONS, TOOL_NAME, TOOL_SCHEMA
+from inference.toy_tokenizer import encode, encode_chat, render_chat, token_id, tokenize
 from tools.fake_server import FAULT_KINDS, FakeConfig, FakeInferenceServer, _parse_fault_prob
-from tools.toy_tokenizer import encode, encode_chat, render_chat, token_id, tokenize
 
 MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user", "content": "Tree ahead."}]
 

@@ -274,10 +274,27 @@ def test_a_group_that_cannot_start_frees_its_members(start_server: Callable[...,
     server = start_server(max_active_runs=10, max_envs=3)
     body = {"group_size": 5, "env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}}
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
-        assert_error(client.post("/rollout/group", json={**body, "group_id": "g", "max_turns": 1}), 429)
+        refused = assert_error(
+            client.post("/rollout/group", json={**body, "group_id": "g", "max_turns": 1}), 429
+        )
+        assert "needs 5 env slots (3 of MAX_ENVS 3 are free)" in refused["detail"]  # refused up front
         assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}
-        status = client.get("/run/status/g.0").json()
+        assert_error(client.get("/run/status/g.0"), 404)
+        # Admitted, then its start fails (an unknown snapshot): its members are failed and freed.
+        unknown = {
+            **body,
+            "env": {"snapshot_id": "ab" * 16},
+            "group_size": 2,
+            "group_id": "h",
+            "max_turns": 1,
+        }
+        assert_error(client.post("/rollout/group", json=unknown), 404)
+        assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}
+        status = client.get("/run/status/h.0").json()
         assert status["status"] == "failed" and "could not start" in status["error"]
+        assert (
+            client.post("/rollout/group", json={**body, "group_size": 3, "max_turns": 1}).status_code == 200
+        )
 
 
 # ------------------------------------------- 6, 7, 8. malformed, non-finite and huge replies

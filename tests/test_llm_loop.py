@@ -152,6 +152,7 @@ def test_init_serve_collect_export_sft_grpo_eval(tmp_path: Path) -> None:
                 kl_coef=0.05,
                 updates_per_step=2,
                 save_every=1,
+                sequences="decision",  # the by-hand check below reads per-decision samples
             )
             engine.reload_weights(sft["final"])
             before = evaluate(app, list(range(100, 106)))

@@ -8,15 +8,16 @@ import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
 import pytest
 import torch
 
+from inference.tool_calls import parse_tool_calls
 from tests.llm_helpers import make_tiny_model
 from tools.server_thread import ServerThread
-from training.llm.chat import parse_tool_calls
 from training.llm.logprobs import completion_logprobs
 from training.llm.server import ModelEngine, create_model_app
 
@@ -475,3 +476,44 @@ def test_serve_model_refuses_a_public_bind(model_dir: Path, monkeypatch: pytest.
     assert done.exit_code == 0 and served_on == ["::1"], done.output
     done = CliRunner().invoke(cli_app, ["serve-model", str(model_dir), "--host", "0.0.0.0", "--insecure"])
     assert done.exit_code == 0 and served_on == ["::1", "0.0.0.0"], done.output
+
+
+def test_completions_take_a_token_id_prompt_and_refuse_bad_ones(served) -> None:
+    """Token in, token out (vLLM's completions API): the ids are sampled on as sent, the reply
+    carries the completion's ids and one logprob each, and the trainer's pass agrees; the client's
+    `complete_tokens` reads it."""
+    from inference.openai_client import InferenceClient
+
+    server, engine = served
+    prompt = engine.tokenizer.encode("<|im_start|>user\nhello<|im_end|>\n<|im_start|>assistant\n")
+    body = {"prompt": prompt, "max_tokens": 6, "seed": 3, "logprobs": 1, "return_token_ids": True}
+    r = httpx.post(f"{server.base_url}/v1/completions", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    (choice,) = r.json()["choices"]
+    assert choice["prompt_token_ids"] == prompt and r.json()["object"] == "text_completion"
+    lps = choice["logprobs"]["token_logprobs"]
+    assert len(lps) == len(choice["token_ids"]) == len(choice["logprobs"]["tokens"])
+    mine = completion_logprobs(engine.model, [prompt], [choice["token_ids"]], 0)[0]
+    assert max(abs(a - b) for a, b in zip(mine, lps, strict=True)) < 1e-5
+    text = httpx.post(f"{server.base_url}/v1/completions", json={**body, "prompt": "hello"}, timeout=60)
+    assert text.status_code == 200 and text.json()["choices"][0]["prompt_token_ids"]
+
+    async def through_the_client() -> Any:
+        client = InferenceClient(server.base_url)
+        try:
+            return await client.complete_tokens(prompt, {"model": "tiny", "max_tokens": 6, "seed": 3})
+        finally:
+            await client.aclose()
+
+    call = asyncio.run(through_the_client())
+    assert call.prompt_token_ids == prompt and call.completion_token_ids == choice["token_ids"]
+    assert call.completion_logprobs == lps and call.finish_reason == choice["finish_reason"]
+    for bad, named in (
+        ({"prompt": [len(engine.tokenizer) + 5]}, "out of vocabulary"),
+        ({"prompt": []}, "prompt"),
+        ({"prompt": ""}, "empty"),
+        ({"prompt": [1.5]}, "prompt"),
+        ({"prompt": prompt, "echo": True}, "echo"),
+    ):
+        r = httpx.post(f"{server.base_url}/v1/completions", json=bad, timeout=60)
+        assert r.status_code == 400 and named in r.json()["error"]["message"], (bad, r.text)

@@ -5,8 +5,10 @@ session's env is reaped and its socket told so)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -65,15 +67,35 @@ def test_mcp_needs_the_key_and_the_documents_do_not(base: str) -> None:
             assert http.get(path).status_code == 200, path
 
 
+@pytest.fixture(scope="module")
+def driver() -> Iterator[OpenEnvDriver]:
+    openenv = OpenEnvDriver()
+    yield openenv
+    openenv.close()
+
+
 @pytest.mark.slow
-def test_openenv_client_sends_the_key_through_headers(base: str) -> None:
-    driver = OpenEnvDriver()
-    try:
-        result = play(driver, base, "auth", headers={"X-API-Key": KEY})
-    finally:
-        driver.close()
+def test_openenv_client_sends_the_key_through_headers(driver: OpenEnvDriver, base: str) -> None:
+    result = play(driver, base, "auth", headers={"X-API-Key": KEY})
     assert result["with_key"].startswith("Inventory")
     assert "401" in result["without_key"]
+
+
+@pytest.mark.slow
+def test_openenv_clients_reach_a_keyed_server_as_documented(driver: OpenEnvDriver, base: str) -> None:
+    """docs/openenv.md's recipe for a keyed server, run as written (its URL and key replaced):
+    GenericEnvClient's socket and MCPToolClient's /mcp and socket carry the key; without the
+    headers the same code is refused."""
+    docs = (Path(__file__).parents[1] / "docs" / "openenv.md").read_text(encoding="utf-8")
+    section = docs.split("## The API key", 1)[1].split("\n## ", 1)[0]
+    (recipe,) = re.findall(r"```python\n(.*?)```", section, re.S)
+    code = recipe.replace("http://localhost:8000", base).replace("your-key", KEY)
+    printed = play(driver, base, "code", code=code)["stdout"].splitlines()
+    assert len(printed) == 2 and all(line.startswith("Inventory") for line in printed), printed
+    keyless = re.sub(r"(?m)^headers = .*$", "headers = {}", code)
+    assert keyless != code
+    with pytest.raises(AssertionError, match="401"):
+        play(driver, base, "code", code=keyless)
 
 
 def test_an_idle_session_is_reaped_and_told(base: str) -> None:
@@ -87,3 +109,14 @@ def test_an_idle_session_is_reaped_and_told(base: str) -> None:
             ws.recv(timeout=30)
     with httpx.Client(base_url=base, timeout=30, headers={"X-API-Key": KEY}) as http:
         assert env_id not in {e["env_id"] for e in http.get("/env/list").json()["envs"]}
+
+
+def test_a_silent_socket_is_closed_after_the_idle_ttl(base: str) -> None:
+    """A socket that never resets or steps holds no env, and is not kept: after the idle TTL it is
+    told so and closed."""
+    with connect(ws_url(base), additional_headers={"X-API-Key": KEY}, open_timeout=30) as ws:
+        assert ask(ws, {"type": "state"})["data"]["env_id"] is None
+        error = json.loads(ws.recv(timeout=30))
+        assert error["data"]["code"] == "SESSION_ERROR" and "no reset or step" in error["data"]["message"]
+        with pytest.raises(ConnectionClosed):
+            ws.recv(timeout=30)

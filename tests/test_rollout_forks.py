@@ -18,6 +18,7 @@ from envs.crafter.env import CrafterEnv
 from grpo_service import create_app
 from grpo_service.client.task_app import ServiceCallError, TaskAppClient
 from grpo_service.models import ForkPlan, RolloutGroupResponse
+from grpo_service.rollout.forks import ForkingGroup
 from tests.conftest import make_settings
 from tests.llm_toy import toy_plugins
 from tools.fake_server import FakeConfig, FakeInferenceServer
@@ -188,3 +189,40 @@ def test_the_trace_and_the_viewer_show_the_tree(client: httpx.Client) -> None:
     # The viewer replays a continuation from its parent's turns before the fork: no divergence.
     replay = client.get(f"/viewer/api/rollouts/{by_index[3]['session_id']}/replay").json()
     assert replay["available"] and replay["divergence"] is None and replay["checked"] == 2
+
+
+def test_max_entropy_holds_only_the_states_a_fork_can_still_need(
+    client: httpx.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rule ranks each turn once its decision is sampled and keeps `count` + 1 states per root
+    (the best so far and the one being decided), not one per turn until the root ends: a root of
+    T turns would otherwise hold T states, each as large as its policy's history (T² bytes)."""
+    held: list[tuple[int, int, int]] = []  # (states held, their bytes, the largest one's bytes)
+    capture = ForkingGroup._capture
+
+    async def measured(self: ForkingGroup, root: int, loop: Any, turn: int) -> Any:
+        made = await capture(self, root, loop, turn)
+        states = [*self.captures[root].values(), made]
+        sizes = [len(c.env_state) + len(c.policy_state) for c in states]
+        held.append((len(states), sum(sizes), max(sizes)))
+        return made
+
+    monkeypatch.setattr(ForkingGroup, "_capture", measured)
+    count = 2
+    fork = {"rule": "max_entropy", "count": count, "continuations": 1}
+    r = client.post("/rollout/group", json=group_body(fork, group_size=1, max_turns=40))
+    assert r.status_code == 200, r.text
+    group = r.json()
+    root = group["members"][0]
+    turns = len(steps_of(root))
+    assert turns >= 30 and len(held) == turns - 1, (turns, len(held))  # a state before every turn but 0
+    assert max(n for n, _, _ in held) == count + 1
+    assert max(total for _, total, _ in held) <= (count + 1) * max(big for _, _, big in held)
+    # The same forks as ranking every turn at the end: the `count` least likely samples.
+    surprisals = {
+        s["turn"]: -sum(s["llm"]["completion_logprobs"]) / len(s["llm"]["completion_logprobs"])
+        for s in steps_of(root)
+        if s["turn"] >= 1
+    }
+    best = sorted(surprisals, key=lambda t: (surprisals[t], t), reverse=True)[:count]
+    assert sorted(f["turn"] for f in group["tree"]["forks"]) == sorted(best)

@@ -427,6 +427,7 @@ def test_grpo_with_vllm_as_the_sampler(
     for r in trained:
         assert r["logprob_max_abs_diff"] < FIDELITY_BOUND, r
         assert r["weight_sync_s"] < 30
+        assert r["streams"] == r["sequences"] > 0  # token in, token out: one sequence per episode
     gaps, syncs = [r["logprob_max_abs_diff"] for r in trained], [r["weight_sync_s"] for r in trained]
     print(f"GRPO with vLLM: sampler/trainer max |diff| {gaps}, weight sync {syncs} s")
     sync.load(real_vllm.checkpoint, 0)
@@ -503,3 +504,63 @@ def test_vllm_failing_ends_each_rollout_with_a_structured_error(task_app, real_v
     again = post(server, "/rollout", rollout_body("vllm-again"))
     print(f"vLLM restart: {restart_s:.1f} s")
     assert decisions(again) and not (decisions(again)[0].get("decision_error") or "").startswith("inference")
+
+
+# ------------------------------------------------------------ token-in/token-out rollouts
+
+
+def stream_rollout(task_app, real_vllm: RealVLLM, seed: int) -> dict[str, Any]:
+    """A 20-turn BabyAI episode played as one token stream (mode rl, the policy renders the
+    between-turn tokens with the served checkpoint's own tokenizer)."""
+    server, _ = task_app
+    config = {"tokenizer": str(real_vllm.checkpoint), "max_tokens": 8, "temperature": 1.0, "seed": seed}
+    body = {
+        "env": {"env_name": "babyai", "seed": seed},
+        "policy": {"policy_name": "babyai-agent", "config": config},
+        "max_turns": 20,
+        "on_done": "terminate",
+    }
+    result = post(server, "/rollout", body, timeout=600)
+    (trajectory,) = result["trajectories"]
+    previous: list[int] | None = None
+    for step in trajectory["steps"]:  # every prompt extends the last prompt + completion
+        llm = step["llm"]
+        if previous is not None:
+            assert llm["prompt_token_ids"][: len(previous)] == previous
+        previous = llm["prompt_token_ids"] + llm["completion_token_ids"]
+    return result
+
+
+def stream_gap(model: Any, stream: dict[str, Any]) -> float:
+    from training.llm.logprobs import TokenBatch, token_logprobs
+
+    batch = TokenBatch.from_rows([stream["token_ids"]], [stream["sampled"]], 0)
+    with torch.no_grad():
+        lp = token_logprobs(model, batch)[0]
+    sampled = torch.tensor(stream["sampled"], dtype=torch.bool)
+    return float((lp[sampled] - torch.tensor(stream["logprobs"])[sampled]).abs().max())
+
+
+def test_a_20_turn_stream_matches_the_trainer_before_and_after_a_weight_sync(
+    task_app, real_vllm: RealVLLM, sync: WeightSync, tmp_path: Path
+) -> None:
+    """vLLM's completions API on token ids: one fp32 forward over the whole episode's stream gives
+    every sampled token's logprob as vLLM reported it (≤ 1e-5), before and after a weight sync."""
+    from tests.vllm_helpers import make_vllm_checkpoint
+
+    torch.set_num_threads(1)
+    result = stream_rollout(task_app, real_vllm, 3)
+    (stream,) = result["trajectories"][0]["streams"]
+    assert len(stream["spans"]) == 20 and result["metrics"]["stream_segments"] == 1
+    gap_before = stream_gap(load(real_vllm.checkpoint)[0], stream)
+    other_dir = make_vllm_checkpoint(tmp_path / "other", seed=1)
+    sync.load(other_dir, 1)
+    try:
+        after = stream_rollout(task_app, real_vllm, 4)
+        (stream_after,) = after["trajectories"][0]["streams"]
+        assert {s["weights_version"] for s in stream_after["spans"]} == {None}  # vLLM names none
+        gap_after = stream_gap(load(other_dir)[0], stream_after)
+    finally:
+        sync.load(real_vllm.checkpoint, 0)
+    print(f"20-turn stream vs trainer: max |diff| {gap_before:.2e} before, {gap_after:.2e} after a sync")
+    assert gap_before <= 1e-5 and gap_after <= 1e-5

@@ -31,9 +31,26 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inference.completions import chat_choice, completion_budget, context_error, error_body
+from inference.completions import (
+    chat_choice,
+    check_token_prompt,
+    completion_budget,
+    context_error,
+    error_body,
+    text_choice,
+)
+from inference.toy_tokenizer import (
+    TURN_END,
+    VOCAB_SIZE,
+    decode_tokens,
+    encode,
+    encode_chat,
+    stable_hash,
+    token_id,
+    tokenize,
+    tools_in,
+)
 from tools.server_thread import ServerThread
-from tools.toy_tokenizer import encode_chat, stable_hash, token_id, tokenize
 
 FaultKind = Literal[
     "timeout",
@@ -143,10 +160,11 @@ class FakeState:
             return fault
 
     def count_route(self, route: str) -> int:
-        """Count a request; returns the number of chat requests so far (invalid ones included)."""
+        """Count a request; returns the number of chat and completions requests so far (invalid
+        ones included)."""
         with self._lock:
             self.by_route[route] += 1
-            if route == "chat":
+            if route in ("chat", "completions"):
                 self.requests += 1
             return self.requests
 
@@ -210,29 +228,35 @@ def _logprob_entries(tokens: list[str], logprobs: list[float], top_k: int) -> li
     return entries
 
 
-def _choice(
-    index: int, body: dict[str, Any], cfg: FakeConfig, fault: str, base_seed: int, max_tokens: int
-) -> tuple[dict[str, Any], int]:
-    rng = random.Random(stable_hash(base_seed, index))
+def _reply(
+    body: dict[str, Any], cfg: FakeConfig, fault: str, rng: random.Random
+) -> tuple[str, str | None, list[dict[str, Any]]]:
+    """``(text, content, tool_calls)`` of one reply: a Hermes tool call of the first (or the
+    chosen) tool when the request has tools, else a sentence (AgentGym's ReAct form with
+    ``text_actions``)."""
     tools = body.get("tools") or []
-    content: str | None = None
-    tool_calls: list[dict[str, Any]] = []
     if tools and body.get("tool_choice") != "none" and fault != "no_tool_call":
         tool = _pick_tool(tools, body.get("tool_choice"))
         name = tool.get("function", {}).get("name", "tool")
         arguments = json.dumps(_tool_arguments(tool, cfg, rng, invalid=fault == "invalid_action"))
         text = f'<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
         call_id = f"chatcmpl-tool-{rng.getrandbits(64):016x}"
-        tool_calls = [{"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}]
-        finish = "stop"
-    else:
-        text = content = rng.choice(_TEXT_REPLIES)
-        if cfg.text_actions:
-            text = content = f"Thought: {text}"
-            if fault != "no_tool_call":
-                text = content = f"{text}\nAction: {rng.choice(cfg.text_actions)}"
-        finish = "stop"
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        return text, None, [call]
+    text = rng.choice(_TEXT_REPLIES)
+    if cfg.text_actions:
+        text = f"Thought: {text}"
+        if fault != "no_tool_call":
+            text = f"{text}\nAction: {rng.choice(cfg.text_actions)}"
+    return text, text, []
 
+
+def _choice(
+    index: int, body: dict[str, Any], cfg: FakeConfig, fault: str, base_seed: int, max_tokens: int
+) -> tuple[dict[str, Any], int]:
+    rng = random.Random(stable_hash(base_seed, index))
+    text, content, tool_calls = _reply(body, cfg, fault, rng)
+    finish = "stop"
     tokens = tokenize(text)
     if len(tokens) > max_tokens:
         tokens = tokens[:max_tokens]
@@ -247,6 +271,63 @@ def _choice(
     if body.get("return_token_ids") and cfg.supports_token_ids:
         choice["token_ids"] = ids + [token_id("<extra>")] if fault == "token_mismatch" else ids
     return choice, len(ids)
+
+
+def build_text_completion(
+    body: dict[str, Any], prompt_ids: list[int], cfg: FakeConfig, fault: str, request_number: int
+) -> dict[str, Any]:
+    """The vLLM-shaped answer to a ``/v1/completions`` request whose prompt is ``prompt_ids``.
+
+    The prompt is read back through the toy vocabulary (`decode_tokens`): a prompt rendered with
+    tools (the toy chat rendering's ``tools`` part) is answered with a Hermes ``<tool_call>``
+    block of the first tool, as a model that was shown them writes one; a completion that stops
+    ends with the toy end of turn (``<|im_end|>``'s tokens, in ``token_ids`` but not the text, as
+    vLLM keeps the stop token)."""
+    temperature = body.get("temperature")
+    varies = cfg.vary_unseeded and body.get("seed") is None and (temperature is None or temperature > 0)
+    base_seed = stable_hash(cfg.seed, prompt_ids, body.get("seed"), request_number if varies else 0)
+    reply_body = {"tools": tools_in(decode_tokens(prompt_ids))}
+    asked = body.get("max_tokens", 16)
+    budget = completion_budget(len(prompt_ids), asked, cfg.max_model_len)
+    want_ids = bool(body.get("return_token_ids")) and cfg.supports_token_ids
+    choices, completion_tokens = [], 0
+    for i in range(int(body.get("n") or 1)):
+        rng = random.Random(stable_hash(base_seed, i))
+        text, _, _ = _reply(reply_body, cfg, fault, rng)
+        tokens, finish = tokenize(text) + TURN_END, "stop"
+        if len(tokens) > budget:
+            tokens, finish = tokens[:budget], "length"
+            text = " ".join(tokens)
+        ids = [token_id(t) for t in tokens]
+        if fault == "token_mismatch":
+            ids.append(token_id("<extra>"))
+        logprobs = [-round(rng.expovariate(3.0) + 1e-4, 6) for _ in tokens]
+        choices.append(
+            text_choice(
+                i,
+                text,
+                finish,
+                ids,
+                logprobs,
+                tokens,
+                prompt_ids=prompt_ids,
+                with_logprobs=body.get("logprobs") is not None,
+                with_token_ids=want_ids,
+            )
+        )
+        completion_tokens += len(tokens)
+    return {
+        "id": f"cmpl-{stable_hash(base_seed, 'id', request_number):016x}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": body.get("model") or cfg.model,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": len(prompt_ids),
+            "completion_tokens": completion_tokens,
+            "total_tokens": len(prompt_ids) + completion_tokens,
+        },
+    }
 
 
 def build_completion(
@@ -308,6 +389,19 @@ def _validate_body(body: Any, cfg: FakeConfig) -> JSONResponse | None:
         msg = f"The model `{body.get('model')}` does not exist."
         return JSONResponse(error_body(msg, "NotFoundError", 404), 404)
     return None
+
+
+def _validate_completion(body: Any, cfg: FakeConfig) -> JSONResponse | None:
+    if not isinstance(body, dict):
+        return JSONResponse(error_body("body must be a JSON object", "BadRequestError", 400), 400)
+    try:
+        ids = check_token_prompt(body.get("prompt"), VOCAB_SIZE)
+    except ValueError as exc:
+        return JSONResponse(error_body(f"prompt: {exc}", "BadRequestError", 400), 400)
+    if ids is None and not (body["prompt"] if isinstance(body["prompt"], str) else body["prompt"][0]):
+        return JSONResponse(error_body("prompt: the prompt is empty", "BadRequestError", 400), 400)
+    chat_like = {k: v for k, v in body.items() if k != "prompt"}
+    return _validate_body({**chat_like, "messages": [{"role": "user", "content": "-"}]}, cfg)
 
 
 def _answer(body: dict[str, Any], cfg: FakeConfig, fault: str, number: int) -> Response:
@@ -418,6 +512,34 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         return answer
 
     app.add_middleware(_ChatFastPath, handler=chat_completions)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        """vLLM's completions API: a text or token-id prompt (what a token-in/token-out rollout
+        sends), answered with the completion's text, ``token_ids`` and logprobs."""
+        number = state.count_route("completions")
+        if denied := _unauthorized(request):
+            return denied
+        try:
+            body = await request.json()
+        except ValueError:
+            return JSONResponse(error_body("body is not valid JSON", "BadRequestError", 400), 400)
+        cfg = state.config
+        if invalid := _validate_completion(body, cfg):
+            return invalid
+        prompt = body["prompt"]
+        ids = check_token_prompt(prompt, VOCAB_SIZE)
+        if ids is None:
+            ids = encode(prompt if isinstance(prompt, str) else prompt[0])
+        if refused := context_error(len(ids), body.get("max_tokens", 16), cfg.max_model_len):
+            return JSONResponse(error_body(refused, "BadRequestError", 400), 400)
+        fault = state.next_fault()
+        if fault in ("timeout", "http_429", "http_500", "http_503", "malformed_json", "cut_stream"):
+            return _answer({**body, "messages": [{"role": "user", "content": ""}]}, cfg, fault, number)
+        answer = JSONResponse(build_text_completion(body, ids, cfg, fault, number))
+        if cfg.latency_s:
+            await asyncio.sleep(cfg.latency_s)
+        return answer
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:

@@ -72,9 +72,12 @@ class Turn(BaseModel):
     def rendered(
         self, format_name: str, render: Callable[[Turn], list[dict[str, Any]]]
     ) -> list[dict[str, Any]]:
-        if self._rendered is None or self._rendered[0] != format_name:
-            self._rendered = (format_name, render(self))
-        return self._rendered[1]
+        # The private dict directly: pydantic's attribute hooks cost more than the lookup.
+        private = self.__pydantic_private__
+        cached = private.get("_rendered") if private is not None else None
+        if cached is None or cached[0] != format_name:
+            cached = self._rendered = (format_name, render(self))
+        return cached[1]
 
     @model_validator(mode="before")
     @classmethod

@@ -18,11 +18,13 @@ with ``policy_error:<kind>`` instead.
 The agent owns the rest: the bounded history of turns, the messages in the selected prompt
 format, the inference call (client pool, model discovery, retries, deadlines), token ids
 and logprobs (exactly as the server returned them), failures as ``PolicyDecision.error``
-(never raised, never a silent noop), and its JSON state for snapshots.
+(never raised, never a silent noop), and its JSON state for snapshots. In mode ``rl`` with a
+known tokenizer it plays the episode as one token stream (`envs.agent.streams`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import time
@@ -42,14 +44,16 @@ from envs.agent.formats import (
     Turn,
     invalid_reply_feedback,
 )
+from envs.agent.streams import StreamMode, StreamState, tail_after_assistant
 from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepOptions, StepResult
 from envs.errors import InvalidConfig, InvalidState
 from inference import openai_client
 from inference.calls import LLMCall
+from inference.chat_tokens import TOY, ChatTokens, between_text, chat_tokens
 from inference.completions import chat_choice
 from inference.errors import InferenceError
-from inference.reasoning import reply_reasoning
-from inference.tool_calls import wire_tool_call
+from inference.reasoning import reply_reasoning, split_reasoning
+from inference.tool_calls import parse_tool_calls, wire_tool_call
 
 STATE_VERSION = 1
 ORACLE_MODEL = "oracle"  # the model name of a ``teacher: oracle`` agent's replies in traces
@@ -96,6 +100,31 @@ class LLMAgentConfig(PluginConfig):
         "--model oracle` turns them into SFT data that distils the solver into a model.",
     )
 
+    token_stream: StreamMode = Field(
+        default="exact",
+        description="Mode 'rl' with a `tokenizer`: 'exact' plays the episode as one token stream (each "
+        "prompt extends the last prompt + completion token for token, sent as token ids to "
+        "/v1/completions); 'segment' starts a new stream where the chat template would render the "
+        "history differently (Qwen3 drops earlier reasoning); 'off': one chat completion per decision.",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        max_length=4096,
+        description="The served model's tokenizer, to render the tokens between two completions: a local "
+        "checkpoint directory (the one vLLM or serve-model serves; `grpo-service train` sets the model it "
+        "trains), or 'toy' (the fake server's). Never loaded from a hub. Unset: no token stream.",
+    )
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _check_tokenizer(cls, value: str | None) -> str | None:
+        if value is not None and value != TOY:
+            from pathlib import Path
+
+            if not Path(value).expanduser().is_dir():
+                raise ValueError(f"tokenizer: {value!r:.200} is neither 'toy' nor a local directory")
+        return value
+
     @field_validator("inference_url")
     @classmethod
     def _check_url(cls, url: str | None) -> str | None:
@@ -119,6 +148,7 @@ class _State(BaseModel):
     history: list[Turn]
     turn_index: int = Field(ge=0)
     pending: Turn | None = None
+    stream: StreamState | None = None
 
 
 class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
@@ -183,6 +213,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         self.turn_index = 0
         self._pending: Turn | None = None
         self._discovered_model: str | None = None
+        self.stream = StreamState()
 
     # ---- request ---------------------------------------------------------------------------
 
@@ -194,12 +225,13 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
     def inference_url(self) -> str:
         return openai_client.normalize_base_url(self.config.inference_url or self.context.inference_url)
 
-    def build_messages(self, observation: dict[str, Any]) -> list[dict[str, Any]]:
+    def build_messages(self, observation: dict[str, Any], history: Any = None) -> list[dict[str, Any]]:
         system = self.config.system_prompt or self.system_prompt()
         text = self.observation_text(observation)
+        turns = self.history if history is None else history
         if self.prompt_format == "agentgym":
-            return AgentGymFormat.messages(system, self.history, text)
-        return ToolCallFormat.messages(system, self.history, text)
+            return AgentGymFormat.messages(system, turns, text)
+        return ToolCallFormat.messages(system, turns, text)
 
     def build_request(self, observation: dict[str, Any]) -> dict[str, Any]:
         cfg = self.config
@@ -282,6 +314,8 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
                 )
             request["model"] = meta["model"] = self.model
 
+        if options.record_logprobs and self.streams:
+            return await self._stream_step(observation, request, meta, options)
         self.turn_index += 1
         self._pending = None
         started = time.monotonic()
@@ -302,6 +336,140 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             )
 
         return self._decide(observation, call, meta)
+
+    # ---- token streams (envs/agent/streams.py) ----------------------------------------------
+
+    @property
+    def streams(self) -> bool:
+        """Whether mode ``rl`` plays this policy's episodes as token streams."""
+        return (
+            self.config.token_stream != "off"
+            and self.config.tokenizer is not None
+            and self.config.teacher is None
+        )
+
+    def _template_kwargs(self, request: dict[str, Any]) -> dict[str, Any]:
+        return dict((request.get("extra_body") or {}).get("chat_template_kwargs") or {})
+
+    def _render_ids(self, tokens: ChatTokens, request: dict[str, Any]) -> list[int]:
+        """The prompt the chat template renders for the request's messages (what a chat
+        completion would have sent)."""
+        text = tokens.render(
+            request["messages"],
+            request.get("tools"),
+            add_generation_prompt=True,
+            template_kwargs=self._template_kwargs(request),
+        )
+        return tokens.encode(text)
+
+    def _stream_prompt(
+        self, tokens: ChatTokens, observation: dict[str, Any], request: dict[str, Any]
+    ) -> tuple[list[int], str | None, bool]:
+        """``(prompt ids, why a segment starts here or None, the template renders it differently)``."""
+        stream = self.stream
+        rendered = self._render_ids(tokens, request)
+        if not stream.ids or stream.last_turn is None:
+            return rendered, stream.restart or "start", False
+        if stream.restart is not None:
+            return rendered, stream.restart, False
+        tail = tail_after_assistant(self.build_messages(observation, [stream.last_turn]))
+        between = between_text(tokens, tail, self._template_kwargs(request), stream.closed)
+        extended = stream.ids + tokens.encode(between)
+        differs = extended != rendered
+        if differs and self.config.token_stream == "segment":
+            return rendered, "template_differs", True
+        return extended, None, differs
+
+    async def _stream_step(
+        self,
+        observation: dict[str, Any],
+        request: dict[str, Any],
+        meta: dict[str, Any],
+        options: StepOptions,
+    ) -> PolicyDecision:
+        """One decision of a token stream: the stream extended by the tokens between, sent as
+        token ids; the reply parsed here as a server's tool and reasoning parsers would."""
+        try:
+            # Off the event loop: loading a tokenizer, rendering and encoding a long conversation.
+            tokens = await asyncio.to_thread(chat_tokens, self.config.tokenizer or TOY)
+            prompt, segment_start, differs = await asyncio.to_thread(
+                self._stream_prompt, tokens, observation, request
+            )
+        except Exception as exc:  # a template the tokenizer cannot render: the decision fails
+            detail = f"cannot render the token stream: {type(exc).__name__}: {exc}"
+            return PolicyDecision([], meta, error="inference_bad_request", error_detail=detail[:500])
+        self.turn_index += 1
+        self._pending = None
+        fields = ("model", "temperature", "top_p", "max_tokens", "seed")
+        sampling = {k: request[k] for k in fields if k in request}
+        extra = {k: v for k, v in (request.get("extra_body") or {}).items() if k != "chat_template_kwargs"}
+        if extra:
+            sampling["extra_body"] = extra
+        started = time.monotonic()
+        client = self._client()
+        try:
+            try:
+                call = await client.complete_tokens(prompt, sampling, deadline_s=options.timeout_s)
+            except InferenceError as exc:
+                if segment_start is not None or exc.kind != "bad_request" or "context" not in exc.detail:
+                    raise
+                # The extended stream no longer fits: a new segment from the conversation as the
+                # template renders it (the history window bounds it).
+                prompt = await asyncio.to_thread(self._render_ids, tokens, request)
+                segment_start = "context_limit"
+                left = None if options.timeout_s is None else options.timeout_s - (time.monotonic() - started)
+                call = await client.complete_tokens(prompt, sampling, deadline_s=left)
+        except InferenceError as exc:
+            latency_ms = (time.monotonic() - started) * 1000.0
+            failed = LLMCall(
+                request={**request, "prompt_token_ids": prompt},
+                response=None,
+                latency_ms=latency_ms,
+                attempts=exc.attempts,
+                error=str(exc),
+            )
+            meta.update(latency_ms=latency_ms, attempts=exc.attempts)
+            return PolicyDecision(
+                [], meta, llm_call=failed, error=f"inference_{exc.kind}", error_detail=str(exc)
+            )
+        stream = self.stream
+        if segment_start is not None:
+            stream.segments += 1
+        stream.template_differs += differs
+        completion = call.completion_token_ids or []
+        stream.ids = prompt + completion
+        stream.closed = tokens.closes_turn(completion)
+        stream.restart = None
+        meta["stream"] = {
+            "segment": stream.segments,
+            "segment_start": segment_start,
+            "template_differs": differs,
+            "prompt_tokens": len(prompt),
+        }
+        # The text the humans read (trace, viewer, export) stays a chat: the request's messages and
+        # the reply as a chat completion, its tool calls parsed from the text.
+        call.request = request
+        call.response = self._chat_response(call.response or {}, call.finish_reason)
+        return self._decide(observation, call, meta)
+
+    def _chat_response(self, completion: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+        """A text completion as the chat completion a server's parsers would have made of it:
+        the ``<think>`` block as ``reasoning``, Hermes ``<tool_call>`` blocks as tool calls (format
+        ``tool_calls``), the rest as content."""
+        choice = (completion.get("choices") or [{}])[0]
+        reasoning, text = split_reasoning(str(choice.get("text") or ""))
+        calls: list[dict[str, Any]] = []
+        content: str | None = text
+        if self.prompt_format == "tool_calls":
+            content, calls = parse_tool_calls(text)
+        finish = finish_reason or "stop"
+        return {
+            "id": completion.get("id"),
+            "object": "chat.completion",
+            "model": completion.get("model"),
+            "choices": [chat_choice(0, content, calls, finish, None, reasoning)],
+            "usage": completion.get("usage"),
+        }
 
     def _oracle_step(
         self, observation: dict[str, Any], request: dict[str, Any], meta: dict[str, Any]
@@ -381,8 +549,12 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             return None
         tools = [t["function"]["name"] for t in self.tools()]
         feedback = invalid_reply_feedback(error, detail, tools)
-        self.history.append(pending.model_copy(update={"error": error, "result": feedback}))
+        self._remember(pending.model_copy(update={"error": error, "result": feedback}))
         return feedback
+
+    def _remember(self, turn: Turn) -> None:
+        self.history.append(turn)
+        self.stream.last_turn = turn
 
     def observe_outcome(self, result: StepResult) -> None:
         pending, self._pending = self._pending, None
@@ -390,12 +562,13 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             outcome = (
                 self.outcome_text(pending.tool_calls, result) if self.prompt_format == "tool_calls" else ""
             )
-            self.history.append(pending.model_copy(update={"result": outcome}))
+            self._remember(pending.model_copy(update={"result": outcome}))
 
     def reset(self) -> None:
         self.history.clear()
         self.turn_index = 0
         self._pending = None
+        self.stream = StreamState()
 
     # ---- state -----------------------------------------------------------------------------
 
@@ -409,6 +582,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             "pending": self._pending.model_dump(mode="json", exclude_defaults=True)
             if self._pending
             else None,
+            "stream": self.stream.model_dump(mode="json", exclude_defaults=True) if self.stream.ids else None,
         }
 
     @classmethod
@@ -422,4 +596,6 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         policy.history.extend(parsed.history[-config.history_window :] if config.history_window else [])
         policy.turn_index = parsed.turn_index
         policy._pending = parsed.pending
+        if parsed.stream is not None:
+            policy.stream = parsed.stream
         return policy

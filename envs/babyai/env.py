@@ -28,7 +28,7 @@ from envs.babyai import levels
 from envs.babyai.view import DONE, PRIMITIVES, View, available_actions_text, describe
 from envs.base import Frame, register_environment
 from envs.errors import InvalidAction, InvalidState
-from envs.text_game import MAX_ACTION_CHARS, TextGameConfig, TextGameEnv
+from envs.text_game import MAX_ACTION_CHARS, TextGameConfig, TextGameEnv, TextGameObservation
 
 MAX_REPLAY_STEPS = 100_000
 NOT_RECOGNIZED = "The action is not recognized. Please check valid actions."
@@ -41,12 +41,51 @@ class BabyAIConfig(TextGameConfig):
     image: bool = Field(False, description="Add the full grid as a base64 PNG (`image_png_base64`).")
 
 
+class BabyAIObservation(TextGameObservation):
+    goal: str = Field(description="The mission.")
+    level: str = Field(description="The BabyAI level.")
+    state: str = Field(description="The text without the available actions.")
+    available_actions: list[str] = Field(description="The text actions available now.")
+    carrying: str | None = Field(description="What the agent carries.")
+    image_png_base64: str | None = Field(default=None, description="The grid (config `image`).")
+
+
 @register_environment
 class BabyAIEnv(TextGameEnv[BabyAIConfig]):
     name = "babyai"
     version = "1"
     config_model = BabyAIConfig
     action_help = 'One BabyAI action from the available actions, e.g. "go to red ball 1" or "turn left".'
+    observation_model = BabyAIObservation
+    action_forms = (
+        "turn left",
+        "turn right",
+        "move forward",
+        "go to <obj> <id>",
+        "pickup <obj> <id>",
+        "go through <door> <id>",
+        "toggle and go through <door> <id>",
+        "toggle",
+        "check available actions",
+    )
+    action_examples = ("go to red ball 1", "turn left", "pickup blue key 1")
+
+    @classmethod
+    def vocabulary(cls) -> str:
+        return super().vocabulary()[:-1] + " (each observation lists those available now)."
+
+    @classmethod
+    def action_schema(cls) -> dict[str, Any]:
+        text = super().action_schema()
+        primitive = {
+            "type": "integer",
+            "minimum": 0,
+            "maximum": len(PRIMITIVES) - 1,
+            "description": "A primitive minigrid action: "
+            + ", ".join(f"{i} {p}" for i, p in enumerate(PRIMITIVES)),
+        }
+        return {"anyOf": [text, primitive], "description": text["description"], "examples": text["examples"]}
+
     description = (
         "BabyAI (AgentGym, minigrid 3.2.0): 40 grid-world levels with high-level text actions "
         "(or primitive actions 0-6); seed = AgentGym's data_idx; score = AgentGym's cumulative reward."
@@ -94,8 +133,10 @@ class BabyAIEnv(TextGameEnv[BabyAIConfig]):
                         f"action {i}: primitive actions are 0-{len(PRIMITIVES) - 1} "
                         f"({', '.join(PRIMITIVES)}), got {action}"
                     )
-            elif not isinstance(action, str) or len(action) > MAX_ACTION_CHARS:
+            elif not isinstance(action, str):
                 raise InvalidAction(f"action {i} must be a text action or a primitive index 0-6")
+            elif len(action) > MAX_ACTION_CHARS:
+                raise InvalidAction(f"action {i} is longer than {MAX_ACTION_CHARS} characters")
         return list(actions)
 
     def _act(self, action: Any) -> tuple[str, float, bool]:

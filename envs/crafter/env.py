@@ -20,7 +20,7 @@ from pydantic import Field, ValidationError
 from envs.base import Environment, EpisodeOutcome, Frame, PluginConfig, StepResult, register_environment
 from envs.crafter import state
 from envs.crafter.actions import ACHIEVEMENTS, ACTIONS, TOOL_SCHEMA, action_index, actions_from_tool_calls
-from envs.crafter.observation import build_observation
+from envs.crafter.observation import CrafterObservation, build_observation
 from envs.crafter.sim import DeterministicCrafter
 from envs.crafter.worlds import WorldCache, default_world_cache
 from envs.errors import EpisodeOver, InvalidAction, InvalidConfig, InvalidState
@@ -60,6 +60,19 @@ class CrafterEnv(Environment[CrafterConfig]):
     description = "Crafter 1.8.3 (open-world survival/crafting, 22 achievements), deterministic."
     inline_step_max_actions = 8  # ~0.25 ms per action (tick)
     achievements = ACHIEVEMENTS
+    observation_model = CrafterObservation
+    action_forms = ACTIONS
+    action_examples = ("move_left", "do", "place_table")
+
+    @classmethod
+    def action_schema(cls) -> dict[str, Any]:
+        return {
+            "type": "string",
+            "enum": list(ACTIONS),
+            "description": f"One Crafter action by name (or its index 0-{len(ACTIONS) - 1}); "
+            "each advances the world one tick.",
+            "examples": list(cls.action_examples),
+        }
 
     @classmethod
     def eval_metrics(cls, episodes: Sequence[EpisodeOutcome]) -> dict[str, Any]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from crafter import constants
+from pydantic import Field
 
+from envs.base import ObservationFields
 from envs.crafter.actions import ACHIEVEMENTS
 from envs.crafter.sim import OBJECT_NAMES, DeterministicCrafter
 from envs.crafter.text import render_text
@@ -15,6 +17,23 @@ ITEMS: tuple[str, ...] = tuple(name for name in constants.items if name not in V
 OUT_OF_BOUNDS = "out_of_bounds"
 # Crafter's own local view: 9 columns (dx = -4..4) by 7 rows (dy = -3..3), row 0 at the top.
 VIEW_COLS, VIEW_ROWS = 9, 7
+
+
+class CrafterObservation(ObservationFields):
+    """A Crafter observation: the text and what it is rendered from."""
+
+    step_idx: int = Field(description="Ticks since the reset.")
+    max_steps: int = Field(description="The episode's cap.")
+    status: dict[str, int] = Field(description="Health, food, drink, energy (0-9).")
+    inventory: dict[str, int] = Field(description="Count of each item.")
+    position: list[int] = Field(description="The player's x, y.")
+    facing: list[int] = Field(description="The direction faced, dx, dy.")
+    facing_target: str = Field(description="What is on the tile faced.")
+    achievements: dict[str, bool] = Field(description="Each of the 22 achievements: unlocked yet.")
+    sleeping: bool
+    daylight: float = Field(description="0 (night) to 1.")
+    local_view: list[list[str]] = Field(description="The 9x7 tiles around the player, row 0 at the top.")
+    image_png_base64: str | None = Field(default=None, description="The frame (config `image`).")
 
 
 def local_view(sim: DeterministicCrafter) -> list[list[str]]:

@@ -24,7 +24,7 @@ from envs.base import EpisodeOutcome, register_environment
 from envs.errors import InvalidState
 from envs.sciworld.pool import Load, Simulator, pool
 from envs.sciworld.tasks import TASKS
-from envs.text_game import TextGameConfig, TextGameEnv
+from envs.text_game import TextGameConfig, TextGameEnv, TextGameObservation
 
 LOOK = "look around"
 MAX_HISTORY = 10_000
@@ -39,6 +39,16 @@ class SciWorldConfig(TextGameConfig):
     )
 
 
+class SciWorldObservation(TextGameObservation):
+    task_name: str
+    task_id: str
+    variation: int
+    task_description: str
+    observation: str = Field(description="The simulator's last answer.")
+    score: int = Field(description="The simulator's score, -100 to 100.")
+    moves: int
+
+
 @register_environment
 class SciWorldEnv(TextGameEnv[SciWorldConfig]):
     name = "sciworld"
@@ -47,6 +57,37 @@ class SciWorldEnv(TextGameEnv[SciWorldConfig]):
     action_help = (
         'One ScienceWorld command, e.g. "open door to kitchen" or "focus on substance in metal pot".'
     )
+    observation_model = SciWorldObservation
+    # AgentGym's list of ScienceWorld's actions (`envs.sciworld.prompt`)
+    action_forms = (
+        "open OBJ",
+        "close OBJ",
+        "activate OBJ",
+        "deactivate OBJ",
+        "connect OBJ to OBJ",
+        "disconnect OBJ",
+        "use OBJ [on OBJ]",
+        "look around",
+        "look at OBJ",
+        "look in OBJ",
+        "read OBJ",
+        "move OBJ to OBJ",
+        "pick up OBJ",
+        "put down OBJ",
+        "pour OBJ into OBJ",
+        "dunk OBJ into OBJ",
+        "mix OBJ",
+        "go to LOC",
+        "eat OBJ",
+        "flush OBJ",
+        "focus on OBJ",
+        "wait",
+        "wait1",
+        "examine OBJ",
+        "task",
+        "inventory",
+    )
+    action_examples = ("look around", "open door to kitchen", "focus on substance in metal pot")
     description = (
         "SciWorld (AgentGym, ScienceWorld 1.2.3): 4,639 science tasks (task × variation) in a text "
         "simulator; seed = AgentGym's data_idx; score -100..100."

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from envs.base import register_environment
 from envs.errors import InvalidConfig, InvalidState
-from envs.text_game import TextGameConfig, TextGameEnv
+from envs.text_game import TextGameConfig, TextGameEnv, TextGameObservation
 from envs.textcraft.game import Game, task_text
 from envs.textcraft.planner import Planner
 from envs.textcraft.recipes import describe, recipe_book
@@ -36,12 +36,20 @@ class TextCraftConfig(TextGameConfig):
         return self
 
 
+class TextCraftObservation(TextGameObservation):
+    goal: str = Field(description="The item to craft.")
+    inventory: dict[str, int] = Field(description="Count of each item held.")
+
+
 @register_environment
 class TextCraftEnv(TextGameEnv[TextCraftConfig]):
     name = "textcraft"
     version = "1"
     config_model = TextCraftConfig
     action_help = 'One TextCraft command: "get N item", "craft N item using N item, ...", or "inventory".'
+    observation_model = TextCraftObservation
+    action_forms = ("get N item", "craft N item using N item, ...", "inventory")
+    action_examples = ("get 1 lapis lazuli", "craft 1 blue dye using 1 lapis lazuli", "inventory")
     description = (
         "TextCraft (AgentGym): craft a Minecraft item from given recipes with get/craft/inventory; "
         "seed = AgentGym's data_idx; reward 1 on success."

@@ -156,15 +156,17 @@ def _path_pattern(path: str) -> re.Pattern[str]:
     )
 
 
-# Query parameters whose values are secrets (`?api_key=...`, `?token=...`): never logged.
-_SECRET_PARAM = re.compile(r"(?i)([?&][^=&#]*(?:key|token|secret|passw|auth|sig)[^=&#]*=)[^&#]*")
+# Query parameters whose values are secrets (`?api_key=...`, `?token=...`, an OpenEnv socket's
+# `?session_id=...`, which names a live MCP session): never logged.
+_SECRET_PARAM = re.compile(r"(?i)([?&][^=&#]*(?:key|token|secret|passw|auth|sig|session)[^=&#]*=)[^&#]*")
 
 
 class RedactQuerySecrets(logging.Filter):
     """Cut secret query values out of uvicorn's log lines that name a request's path: the HTTP
     access lines (``uvicorn.access``) and the WebSocket handshake lines, which uvicorn writes to
     ``uvicorn.error`` (``"WebSocket /path?query" 401`` / ``[accepted]``). The service never reads a
-    key from the query string (it answers 401), but the log would keep a key sent there."""
+    key from the query string (it answers 401), but the log would keep a key sent there. An OpenEnv
+    socket's ``?session_id=`` is cut too: it names a live MCP session."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args

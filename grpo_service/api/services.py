@@ -14,7 +14,7 @@ from grpo_service.core.policy_manager import PolicyManager
 from grpo_service.core.registry import Registry
 from grpo_service.core.snapshots import SnapshotService
 from grpo_service.rollout import RolloutCoordinator
-from grpo_service.rollout.stream import GroupStreams
+from grpo_service.rollout.group_stream import GroupStreams
 
 
 @dataclass

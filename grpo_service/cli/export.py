@@ -125,6 +125,14 @@ def export_command(
     limit: Annotated[
         int | None, typer.Option(min=1, help="At most this many sessions (oldest first).")
     ] = None,
+    streams: Annotated[
+        bool,
+        typer.Option(
+            "--streams",
+            help="One line per token stream ({token_ids, sampled, logprobs, spans}: the exact tokens of a "
+            "token-in/token-out rollout, every turn) instead of one chat example per successful turn.",
+        ),
+    ] = False,
 ) -> None:
     """Export successful turns as OpenAI chat fine-tuning examples (one JSON line per turn).
 
@@ -158,6 +166,7 @@ def export_command(
                 filters,
                 on_session=lambda: progress.advance(task),
                 on_start=lambda n: progress.update(task, total=n),
+                streams=streams,
             )
         except (TraceDBError, UnknownAchievement) as exc:
             console.print(f"[red]error:[/] {exc}")

@@ -72,14 +72,18 @@ def credit_config(
         max_turns=max_turns,
         max_staleness=1_000_000,  # the stream and TRL bound staleness
         kl_coef=0.0,
+        # one TRL sample per episode token stream when the policy played one (one advantage per
+        # sample: per-turn tree credit stays one sample per decision)
+        sequences="stream" if advantage == "group" else "decision",
     )
 
 
 def decision_samples(taken: models.StreamGroup, credit: Any) -> list[Any]:
-    """One TRL ``RolloutSample`` per decision of a finished group: prompt ids + completion ids as
-    the sampler saw them, the completion masked in, the sampler's logprobs (0 on the prompt), the
-    rollout's advantage (or its stretch's, with ``tree``), and the version of the weights that
-    sampled it. Decisions with no advantage or no tokens are left out (`build_batch` counts them)."""
+    """TRL ``RolloutSample``s of a finished group: one per episode token stream (when the policy
+    played one and the credit is per rollout) or per decision: the tokens as the sampler saw them,
+    the sampled ones masked in, the sampler's logprobs (0 elsewhere), the advantage, and the
+    version of the weights that sampled it (a stream's oldest span's). Samples with no advantage
+    or no tokens are left out (`training.llm.rl.build_batch` counts them)."""
     import numpy as np
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
@@ -91,15 +95,18 @@ def decision_samples(taken: models.StreamGroup, credit: Any) -> list[Any]:
     now = time.time()
     out = []
     for s in batch.samples:
-        prompt, completion = len(s.prompt_ids), len(s.completion_ids)
+        row = s.row()
+        advantages = {a for a, m in zip(row.advantages, row.mask, strict=True) if m}
+        if len(advantages) != 1:  # TRL takes one advantage per sample
+            continue
         out.append(
             RolloutSample(
                 prompt=[],
                 completion=[],
-                input_ids=np.asarray(s.prompt_ids + s.completion_ids, dtype=np.int64),
-                completion_mask=np.asarray([0] * prompt + [1] * completion, dtype=np.int64),
-                old_log_probs=np.asarray([0.0] * prompt + list(s.old_logprobs), dtype=np.float32),
-                advantage=float(s.advantage),
+                input_ids=np.asarray(row.ids, dtype=np.int64),
+                completion_mask=np.asarray([int(m) for m in row.mask], dtype=np.int64),
+                old_log_probs=np.asarray(row.old_logprobs, dtype=np.float32),
+                advantage=float(advantages.pop()),
                 model_version=int(s.weights_version if s.weights_version is not None else 0),
                 group_id=taken.index,
                 metrics={"reward": reward_mean},

@@ -91,6 +91,7 @@ def host_settings(settings: Settings, index: int, count: int, *, training: bool)
             "max_policies": share(settings.max_policies, index, count),
             "max_active_runs": share(settings.max_active_runs, index, count),
             "max_finished_runs": share(settings.max_finished_runs, index, count),
+            "max_finished_result_bytes": share(settings.max_finished_result_bytes, index, count),
         }
     )
 

@@ -46,7 +46,7 @@ from grpo_service.models import (
     RunList,
     RunStarted,
 )
-from grpo_service.rollout.batch import batch_response
+from grpo_service.rollout.batch import batch_response, check_batch_turns
 from grpo_service.rollout.coordinator import group_response
 
 _ID_IN_BODY = re.compile(f'"{TAGGED_ID_PATTERN}"'.encode())  # a whole JSON string
@@ -261,6 +261,7 @@ class ClusterRouter:
             req = BatchRolloutsRequest.model_validate_json(request.body)
         except ValidationError:
             return None
+        check_batch_turns(req, self.cluster.settings)  # the front joins the shares' results
         # No more hosts than the caller's concurrency: together the shares keep its bound.
         hosts = self.cluster.answering()[: min(len(req.ids), req.concurrency)]
         if len(hosts) < 2:
@@ -354,6 +355,8 @@ def _joined_status(parts: list[dict[str, Any]]) -> dict[str, Any]:
         joined = sorted((m for share in shares for m in share.members), key=lambda m: m.group_index)
         wall_s = max(share.metrics.wall_time_s for share in shares)
         first["result"] = group_response(first["run_id"], joined, wall_s, len(joined)).model_dump(mode="json")
+    if any(p.get("result_evicted") for p in parts):  # a share's result was dropped: no whole result
+        first.update(result=None, result_evicted=True)
     first.update(
         members=members,
         status="running" if running else first["status"],

@@ -18,7 +18,7 @@ import anyio
 from envs.base import Environment, StepResult, environment_class
 from envs.errors import InvalidAction
 from grpo_service.core.live_objects import LiveObjects
-from grpo_service.core.registry import EnvHandle, Registry, new_instance_id
+from grpo_service.core.registry import EnvHandle, Hold, Registry, new_instance_id
 from grpo_service.core.snapshots import SnapshotService
 
 T = TypeVar("T")
@@ -35,18 +35,25 @@ class EnvManager(LiveObjects[EnvHandle]):
         """Run a synchronous env call in a worker thread."""
         return await anyio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
-    async def _register(self, env: Environment, rl_run_id: str, **lineage: Any) -> EnvHandle:
+    async def _register(
+        self, env: Environment, rl_run_id: str, hold: Hold | None = None, **lineage: Any
+    ) -> EnvHandle:
         handle = EnvHandle(id=new_instance_id(), rl_run_id=rl_run_id, env=env, env_name=env.name, **lineage)
-        self.registry.envs.add(handle.id, handle)
+        self.registry.envs.add(handle.id, handle, hold)
         return handle
 
     async def create(
-        self, env_name: str, config: dict[str, Any] | None, seed: int | None, rl_run_id: str
+        self,
+        env_name: str,
+        config: dict[str, Any] | None,
+        seed: int | None,
+        rl_run_id: str,
+        hold: Hold | None = None,
     ) -> EnvHandle:
         cls = environment_class(env_name)
-        self.registry.envs.reserve()
+        self.registry.envs.reserve(1, hold)
         env = cls.create(config, seed)
-        handle = await self._register(env, rl_run_id)
+        handle = await self._register(env, rl_run_id, hold)
         try:
             async with handle.lock:
                 handle.last = await self.run(env.reset, None)
@@ -120,13 +127,15 @@ class EnvManager(LiveObjects[EnvHandle]):
     async def _saved_state(self, handle: EnvHandle) -> tuple[str, bytes, dict[str, Any]]:
         return handle.env_name, await self.run(handle.env.get_state), handle.env.state_metadata()
 
-    async def restore(self, snapshot_id: str, rl_run_id: str | None = None) -> EnvHandle:
-        self.registry.envs.reserve()
+    async def restore(
+        self, snapshot_id: str, rl_run_id: str | None = None, hold: Hold | None = None
+    ) -> EnvHandle:
+        self.registry.envs.reserve(1, hold)
         meta, payload = await self.snapshots.load("env", snapshot_id, rl_run_id)
         cls = environment_class(meta["plugin"])
         env = await self.run(cls.from_state, payload)
         handle = await self._register(
-            env, meta["rl_run_id"], parent_env_id=meta.get("source_id"), parent_snapshot_id=snapshot_id
+            env, meta["rl_run_id"], hold, parent_env_id=meta.get("source_id"), parent_snapshot_id=snapshot_id
         )
         handle.last = await self.run(env.observe)
         return handle
@@ -144,14 +153,19 @@ class EnvManager(LiveObjects[EnvHandle]):
             return await self.run(handle.env.get_state)
 
     async def copies(
-        self, parent: EnvHandle, payload: bytes, count: int, parent_snapshot_id: str | None = None
+        self,
+        parent: EnvHandle,
+        payload: bytes,
+        count: int,
+        parent_snapshot_id: str | None = None,
+        hold: Hold | None = None,
     ) -> list[EnvHandle]:
         """``count`` envs restored from ``payload``, a `state_of` ``parent`` (which may have moved
         on or ended since), registered with ``parent`` as their lineage."""
-        self.registry.envs.reserve(count)
+        self.registry.envs.reserve(count, hold)
         copies = await self.run(_restore_copies, type(parent.env), payload, count)
         return await self._register_all(
-            copies, parent.rl_run_id, parent_env_id=parent.id, parent_snapshot_id=parent_snapshot_id
+            copies, parent.rl_run_id, hold, parent_env_id=parent.id, parent_snapshot_id=parent_snapshot_id
         )
 
     # A GRPO group's start envs are built in one worker-thread call: under load each thread hop
@@ -159,31 +173,45 @@ class EnvManager(LiveObjects[EnvHandle]):
     # hundreds of milliseconds while other groups played).
 
     async def create_many(
-        self, env_name: str, config: dict[str, Any] | None, seed: int | None, rl_run_id: str, count: int
+        self,
+        env_name: str,
+        config: dict[str, Any] | None,
+        seed: int | None,
+        rl_run_id: str,
+        count: int,
+        hold: Hold | None = None,
     ) -> list[EnvHandle]:
         """``count`` new envs reset to ``seed``: identical starts (envs are deterministic), and
         cheaper than copying one (a cached world's reset costs half a state restore)."""
         cls = environment_class(env_name)
-        self.registry.envs.reserve(count)
+        self.registry.envs.reserve(count, hold)
         fresh = await self.run(_new_envs, cls, config, seed, count)
-        return await self._register_all(fresh, rl_run_id)
+        return await self._register_all(fresh, rl_run_id, hold)
 
-    async def restore_many(self, snapshot_id: str, count: int) -> list[EnvHandle]:
+    async def restore_many(self, snapshot_id: str, count: int, hold: Hold | None = None) -> list[EnvHandle]:
         """``count`` envs restored from one snapshot (read and verified once)."""
-        self.registry.envs.reserve(count)
+        self.registry.envs.reserve(count, hold)
         meta, payload = await self.snapshots.load("env", snapshot_id, None)
         copies = await self.run(_restore_copies, environment_class(meta["plugin"]), payload, count)
         return await self._register_all(
-            copies, meta["rl_run_id"], parent_env_id=meta.get("source_id"), parent_snapshot_id=snapshot_id
+            copies,
+            meta["rl_run_id"],
+            hold,
+            parent_env_id=meta.get("source_id"),
+            parent_snapshot_id=snapshot_id,
         )
 
     async def _register_all(
-        self, built: list[tuple[Environment, StepResult]], rl_run_id: str, **lineage: Any
+        self,
+        built: list[tuple[Environment, StepResult]],
+        rl_run_id: str,
+        hold: Hold | None = None,
+        **lineage: Any,
     ) -> list[EnvHandle]:
         handles: list[EnvHandle] = []
         try:
             for env, observation in built:
-                handle = await self._register(env, rl_run_id, **lineage)
+                handle = await self._register(env, rl_run_id, hold, **lineage)
                 handle.last = observation
                 handles.append(handle)
         except BaseException:

@@ -7,7 +7,7 @@ from typing import Any
 
 from envs.base import Policy, PolicyContext, PolicyDecision, StepOptions, StepResult, policy_class
 from grpo_service.core.live_objects import LiveObjects
-from grpo_service.core.registry import PolicyHandle, Registry, new_instance_id
+from grpo_service.core.registry import Hold, PolicyHandle, Registry, new_instance_id
 from grpo_service.core.snapshots import SnapshotService, decode_json_state
 from grpo_service.errors import Unprocessable
 from inference import compact_response
@@ -29,11 +29,13 @@ class PolicyManager(LiveObjects[PolicyHandle]):
         super().__init__(registry, snapshots, registry.policies)
         self.context = context
 
-    def _register(self, policy: Policy, rl_run_id: str, **fields: Any) -> PolicyHandle:
+    def _register(
+        self, policy: Policy, rl_run_id: str, hold: Hold | None = None, **fields: Any
+    ) -> PolicyHandle:
         handle = PolicyHandle(
             id=new_instance_id(), rl_run_id=rl_run_id, policy=policy, policy_name=policy.name, **fields
         )
-        self.registry.policies.add(handle.id, handle)
+        self.registry.policies.add(handle.id, handle, hold)
         return handle
 
     async def create(
@@ -43,14 +45,17 @@ class PolicyManager(LiveObjects[PolicyHandle]):
         rl_run_id: str,
         bound_env_id: str | None = None,
         parent_policy_id: str | None = None,
+        hold: Hold | None = None,
     ) -> PolicyHandle:
         cls = policy_class(policy_name)
         if bound_env_id is not None:
             env = self.registry.envs.get(bound_env_id)
             check_plays(policy_name, env.env_name, f"env {bound_env_id}")
-        self.registry.policies.reserve()
+        self.registry.policies.reserve(1, hold)
         policy = cls.create(config, self.context)
-        return self._register(policy, rl_run_id, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id)
+        return self._register(
+            policy, rl_run_id, hold, bound_env_id=bound_env_id, parent_policy_id=parent_policy_id
+        )
 
     def check_config(self, policy_name: str, config: dict[str, Any] | None) -> None:
         """Raise what creating this policy would raise (`InvalidConfig`: a 422). A plug-in
@@ -159,10 +164,11 @@ class PolicyManager(LiveObjects[PolicyHandle]):
         payloads: list[bytes],
         bound_env_ids: list[str | None],
         parent_snapshot_id: str | None = None,
+        hold: Hold | None = None,
     ) -> list[PolicyHandle]:
         """One policy per payload (`state_of` ``parent``, now or earlier), bound to the env of the
         same index: all of them, or none."""
-        self.registry.policies.reserve(len(bound_env_ids))
+        self.registry.policies.reserve(len(bound_env_ids), hold)
         copies = [self._from_payload(payload, parent.policy_name) for payload in payloads]
         kids: list[PolicyHandle] = []
         try:
@@ -171,6 +177,7 @@ class PolicyManager(LiveObjects[PolicyHandle]):
                     self._register(
                         policy,
                         parent.rl_run_id,
+                        hold,
                         bound_env_id=env_id,
                         parent_policy_id=parent.id,
                         parent_snapshot_id=parent_snapshot_id,

@@ -3,6 +3,11 @@
 One small generic `Table` (capacity, idle expiry, lookup) serves all four, so a later change
 can shard or persist them behind the same interface. Handles carry an `asyncio.Lock`: every
 operation on one env or policy is serialized, while different ones run concurrently.
+
+A request admitted for work it will do later (a group's members, a fork tree's continuations, a
+batch's rollouts) holds the slots it needs (`Registry.claim`): what it registers takes a held
+slot, what it removes gives the slot back to it, so that nothing it was admitted for can be
+refused for want of room while it runs; concurrent requests see those slots as taken.
 """
 
 from __future__ import annotations
@@ -107,11 +112,14 @@ class RunHandle(Handle):
     llm_s: float = 0.0
     env_s: float = 0.0
     abort: asyncio.Event = field(default_factory=asyncio.Event)
-    result: Any = None  # the response model once finished
+    result: Any = None  # a background run's response, as JSON bytes, once finished
+    result_evicted: bool = False  # its result was dropped to keep finished results within their budget
     error: str | None = None
     task: asyncio.Task[Any] | None = None
     member_ids: list[str] = field(default_factory=list)  # a group's member runs
     member_runs: list[RunHandle] = field(default_factory=list)
+    claim: Claim | None = None  # the slots held for what it creates (a group's: shared by its members)
+    hold: Hold | None = None  # the run slot it was registered under (a batch's rollouts)
     # Set by a stream of groups: called when an LLM call returns, the weights version to tag it
     # with (the stream's version then); None: the request's own ``weights_version``.
     weights_version: Callable[[], int | None] | None = None
@@ -136,13 +144,78 @@ class SnapshotMeta:
 H = TypeVar("H")
 
 
-class Table(Generic[H]):
+class Pool:
+    """A capacity some of whose slots admitted requests hold (`Hold`) before they use them."""
+
+    def __init__(self, what: str, capacity: int, setting: str) -> None:
+        self.what, self.capacity, self.setting = what, capacity, setting
+        self.held = 0
+
+    def in_use(self) -> int:
+        raise NotImplementedError
+
+    def free(self) -> int:
+        return self.capacity - self.in_use() - self.held
+
+
+class Hold:
+    """Slots of one pool held for an admitted request: each entry it registers takes one, each it
+    removes gives it back (a batch's next rollout reuses it), and `release` returns the rest to
+    the pool when the request ends."""
+
+    def __init__(self, pool: Pool, count: int) -> None:
+        self.pool, self.free = pool, count
+        self.taken: set[str] = set()
+        pool.held += count
+
+    def take(self, key: str) -> bool:
+        if self.free <= 0:
+            return False
+        self.free -= 1
+        self.pool.held -= 1
+        self.taken.add(key)
+        return True
+
+    def give_back(self, key: str) -> None:
+        if key in self.taken:
+            self.taken.discard(key)
+            self.free += 1
+            self.pool.held += 1
+
+    def drop(self, count: int) -> None:
+        """Return ``count`` slots the request will not use after all (at most its free ones)."""
+        count = min(count, self.free)
+        self.free -= count
+        self.pool.held -= count
+
+    def release(self) -> None:
+        self.drop(self.free)
+        self.taken.clear()  # what it registered and still holds goes back to the pool, not to it
+
+
+@dataclass(eq=False)
+class Claim:
+    """The env, policy and run slots held for one admitted request (`Registry.claim`)."""
+
+    envs: Hold
+    policies: Hold
+    runs: Hold
+
+    def release(self) -> None:
+        for hold in (self.envs, self.policies, self.runs):
+            hold.release()
+
+
+class Table(Pool, Generic[H]):
     """A bounded id → handle map. ``what`` names the entries in error messages."""
 
-    def __init__(self, what: str, capacity: int):
-        self.what = what
-        self.capacity = capacity
+    def __init__(self, what: str, capacity: int, setting: str = ""):
+        super().__init__(what, capacity, setting)
         self._items: OrderedDict[str, H] = OrderedDict()
+        self._holds: dict[str, Hold] = {}  # entries registered under a hold
+
+    def in_use(self) -> int:
+        return len(self._items)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -153,16 +226,22 @@ class Table(Generic[H]):
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
-    def reserve(self, count: int = 1) -> None:
-        """Raise `CapacityExceeded` (429) if ``count`` more entries would not fit."""
-        if len(self._items) + count > self.capacity:
+    def reserve(self, count: int = 1, hold: Hold | None = None) -> None:
+        """Raise `CapacityExceeded` (429) if ``count`` more entries would not fit (those ``hold``
+        holds for them fit)."""
+        if hold is not None and hold.pool is self:
+            count -= min(count, hold.free)
+        if count and len(self._items) + self.held + count > self.capacity:
             raise CapacityExceeded(
-                f"{self.what} capacity reached ({self.capacity} live); terminate some or retry later",
+                f"{self.what} capacity reached ({self.capacity} live or held); terminate some or retry later",
                 headers={"Retry-After": "1"},
             )
 
-    def add(self, key: str, item: H) -> H:
-        self.reserve()
+    def add(self, key: str, item: H, hold: Hold | None = None) -> H:
+        if hold is not None and hold.pool is self and hold.take(key):
+            self._holds[key] = hold
+        else:
+            self.reserve()
         self._items[key] = item
         return item
 
@@ -203,21 +282,52 @@ class Table(Generic[H]):
         return self._items.get(key)
 
     def pop(self, key: str) -> H | None:
+        hold = self._holds.pop(key, None)
+        if hold is not None:
+            hold.give_back(key)
         return self._items.pop(key, None)
+
+
+class RunSlots(Pool):
+    """The runs that may be active at once: running ones are in use, finished ones history."""
+
+    def __init__(self, runs: Table[RunHandle], capacity: int) -> None:
+        super().__init__("run", capacity, "MAX_ACTIVE_RUNS")
+        self.runs = runs
+
+    def in_use(self) -> int:
+        return sum(1 for run in self.runs if not run.finished)
 
 
 class Registry:
     """All live state of one service process."""
 
     def __init__(self, *, max_envs: int, max_policies: int, max_active_runs: int, max_finished_runs: int):
-        self.envs: Table[EnvHandle] = Table("env", max_envs)
-        self.policies: Table[PolicyHandle] = Table("policy", max_policies)
+        self.envs: Table[EnvHandle] = Table("env", max_envs, "MAX_ENVS")
+        self.policies: Table[PolicyHandle] = Table("policy", max_policies, "MAX_POLICIES")
         self.runs: Table[RunHandle] = Table("run", max_active_runs + max_finished_runs)
+        self.run_slots = RunSlots(self.runs, max_active_runs)
         self.max_active_runs = max_active_runs
         self.snapshots: Table[SnapshotMeta] = Table("snapshot", 100_000)
 
     def active_runs(self) -> int:
-        return sum(1 for run in self.runs if not run.finished)
+        return self.run_slots.in_use()
+
+    def claim(self, what: str, *, envs: int = 0, policies: int = 0, runs: int = 0) -> Claim:
+        """Hold slots for ``what`` (a request being admitted), or refuse it (429) naming each
+        capacity short of them. Synchronous: nothing else is admitted between check and hold."""
+        wanted = ((self.envs, envs), (self.policies, policies), (self.run_slots, runs))
+        short = [
+            f"{n} {pool.what} slot{'s' * (n != 1)} "
+            f"({max(0, pool.free())} of {pool.setting} {pool.capacity} are free)"
+            for pool, n in wanted
+            if n > pool.free()
+        ]
+        if short:
+            raise CapacityExceeded(
+                f"{what} needs {' and '.join(short)}; retry later", headers={"Retry-After": "1"}
+            )
+        return Claim(*(Hold(pool, n) for pool, n in wanted))
 
     def idle(self, table: Table[Any], ttl_s: float, now: float | None = None) -> list[Any]:
         """Handles idle for longer than ``ttl_s`` and not in use."""

@@ -8,6 +8,7 @@ from pydantic import BaseModel, Field
 
 from grpo_service.models.common import DEFAULT_RUN, ConfigDict_, Name, Request, RunOwner, Seed, request_config
 from grpo_service.models.policy import LLMTokens
+from grpo_service.models.stream import TokenStream
 
 
 class BatchRolloutsRequest(Request):
@@ -62,6 +63,10 @@ class BatchRolloutResult(BaseModel):
     conversation: list[dict[str, Any]] = Field(default_factory=list, description="Chat messages.")
     turns: list[TurnTokens] | None = Field(
         default=None, description="Per model call; null when the server returned no token ids."
+    )
+    streams: list[TokenStream] = Field(
+        default_factory=list,
+        description="The rollout as token streams, when its agent played them (`policy_config.tokenizer`).",
     )
     stop_reason: str | None = Field(default=None, description="As in /rollout, e.g. `episode_done`.")
     run_id: str | None = Field(default=None, description="The rollout's run id (its trace's `run_id`).")

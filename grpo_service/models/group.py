@@ -127,6 +127,16 @@ class RolloutGroupRequest(RolloutPlan):
                 raise ValueError("fork.rule: max_entropy reads the sampled logprobs; keep record.logprobs on")
         return self
 
+    def turns_at_most(self) -> int:
+        """Decisions the whole group may make: every member's, a continuation's from its fork turn on."""
+        per = self.turns_per_rollout()
+        if self.fork is None or self.max_turns is None:
+            return self.group_size * per
+        fixed = self.fork.fixed_turns(self.max_turns)
+        starts = fixed if fixed is not None else [1] * self.fork.forks_per_root(self.max_turns)
+        continued = sum(min(per, self.max_turns - turn) for turn in starts) * self.fork.continuations
+        return self.group_size * (per + continued)
+
     def tree_size(self) -> int:
         """Members at most: the G roots and every continuation their forks may start."""
         if self.fork is None or self.max_turns is None:

@@ -33,6 +33,9 @@ class Limits(BaseModel):
     max_policies: int = Field(description="Live policies at most (429 beyond).")
     max_active_runs: int = Field(description="Running rollouts at most, group members included.")
     max_group_size: int = Field(description="Largest `group_size` of /rollout/group.")
+    max_request_turns: int = Field(
+        description="Most turns one rollout request may play over all its members (422 beyond)."
+    )
     idle_ttl_s: float = Field(description="Idle envs and policies are terminated after this many seconds.")
     max_request_bytes: int = Field(description="Larger request bodies get 413.")
 

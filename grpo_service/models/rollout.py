@@ -22,6 +22,7 @@ from grpo_service.models.common import (
     request_config,
 )
 from grpo_service.models.policy import LLMCallRecord
+from grpo_service.models.stream import TokenStream
 
 Op = Literal["agent", "env"]
 
@@ -133,6 +134,14 @@ class RolloutPlan(Request):
         """This request's `RolloutPlan` fields, to pass on to the rollouts it starts."""
         return {name: getattr(self, name) for name in RolloutPlan.model_fields}
 
+    def turns_per_rollout(self) -> int:
+        """Decisions one rollout of this plan may make: its ``agent`` ops within ``safety.max_ops``."""
+        cap = self.safety.max_ops
+        if self.ops is not None:
+            return self.ops[:cap].count("agent")
+        turns = self.max_turns or 0
+        return turns if cap is None else min(turns, (cap + 1) // 2)
+
 
 class RolloutRequest(RolloutPlan):
     """Play a policy in an environment: ``ops`` of ``agent`` (decide) and ``env`` (execute), or
@@ -215,6 +224,12 @@ class Trajectory(BaseModel):
     done: bool = Field(description="The episode ended.")
     truncated: bool = Field(description="It ended at the step cap.")
     stop_reason: str = Field(description="Why this episode's play stopped.")
+    streams: list[TokenStream] = Field(
+        default_factory=list,
+        description="A policy that played the episode as token streams (mode 'rl', `token_stream`), with "
+        "token ids recorded: the episode as token streams, one per segment. Empty otherwise (the "
+        "per-step `llm` records are then the data).",
+    )
 
 
 class RolloutMetrics(BaseModel):
@@ -245,6 +260,14 @@ class RolloutMetrics(BaseModel):
     )
     weights_version_max: int | None = Field(
         default=None, description="The newest version (differs when weights changed mid-rollout)."
+    )
+    stream_segments: int = Field(
+        default=0, description="Token streams over all trajectories (1 per episode when nothing broke one)."
+    )
+    template_differs: int = Field(
+        default=0,
+        description="Turns whose prompt, rendered by the chat template from messages, differs from the "
+        "exact stream (a per-decision chat would have re-tokenized there).",
     )
 
 

@@ -54,3 +54,8 @@ class RunStatusResponse(RunProgress):
     result: RolloutResponse | RolloutGroupResponse | None = Field(
         default=None, description="The full result once finished (start-then-poll)."
     )
+    result_evicted: bool = Field(
+        default=False,
+        description="The result was dropped (oldest first) to keep the finished results this server "
+        "holds within MAX_FINISHED_RESULT_BYTES; with tracing on, its rollouts are in the trace DB.",
+    )

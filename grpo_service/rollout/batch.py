@@ -20,6 +20,7 @@ import httpx
 
 from envs.base import POLICIES, environment_class, policy_class
 from envs.errors import PluginError
+from grpo_service.config import Settings
 from grpo_service.errors import ServiceError, Unprocessable
 from grpo_service.models import (
     BatchRolloutResult,
@@ -33,7 +34,7 @@ from grpo_service.models import (
     RolloutSafetyConfig,
     TurnTokens,
 )
-from grpo_service.rollout.coordinator import RolloutCoordinator
+from grpo_service.rollout.coordinator import RolloutCoordinator, check_turns
 from inference.openai_client import normalize_base_url
 
 
@@ -47,7 +48,9 @@ def agent_policies() -> dict[str, str]:
 
 
 def check(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) -> str:
-    """Validate what pydantic cannot (the env, the id range, the agent config); return the policy."""
+    """Validate what pydantic cannot (the env, the id range, the turns, the agent config); return
+    the policy."""
+    check_batch_turns(req, coordinator.settings)
     agents = agent_policies()
     if req.env not in agents:
         raise Unprocessable(
@@ -66,6 +69,12 @@ def check(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) -> str:
     except PluginError as exc:
         raise Unprocessable(str(exc), code="invalid_config") from None
     return policy
+
+
+def check_batch_turns(req: BatchRolloutsRequest, settings: Settings) -> None:
+    """The batch answers every id's rollout at once: its turns are bounded like a group's."""
+    asked = f"the batch ({len(req.ids)} ids × max_round {req.max_round})"
+    check_turns(len(req.ids) * req.max_round, asked, settings)
 
 
 def policy_config(req: BatchRolloutsRequest) -> dict[str, Any]:
@@ -114,6 +123,11 @@ async def run_batch(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) 
     await check_model_server(req)
     config = policy_config(req)
     bound = asyncio.Semaphore(req.concurrency)
+    # The slots of every rollout in flight are held for the whole batch (each rollout reuses the
+    # one its predecessor gave back), so that no id fails for want of room: else a 429 now.
+    at_once = min(req.concurrency, len(req.ids))
+    what = f"the batch ({at_once} rollouts at once)"
+    claim = coordinator.registry.claim(what, envs=at_once, policies=at_once, runs=at_once)
 
     async def one(idx: int) -> BatchRolloutResult:
         async with bound:
@@ -127,13 +141,16 @@ async def run_batch(req: BatchRolloutsRequest, coordinator: RolloutCoordinator) 
                 rl_run_id=req.rl_run_id,
             )
             try:
-                return result_of(idx, await coordinator.rollout(rollout))
+                return result_of(idx, await coordinator.rollout(rollout, claim))
             except ServiceError as exc:
                 return BatchRolloutResult(id=idx, error=exc.message)
             except Exception as exc:  # one id never sinks the batch
                 return BatchRolloutResult(id=idx, error=f"{type(exc).__name__}: {exc}")
 
-    results = list(await asyncio.gather(*(one(idx) for idx in req.ids)))
+    try:
+        results = list(await asyncio.gather(*(one(idx) for idx in req.ids)))
+    finally:
+        claim.release()
     return batch_response(req, results, time.monotonic() - started)
 
 
@@ -175,6 +192,7 @@ def result_of(idx: int, response: RolloutResponse) -> BatchRolloutResult:
             response.trace or {}, final, {s.turn: s.feedback for s in steps if s.feedback is not None}
         ),
         turns=turns if has_tokens else None,
+        streams=trajectory.streams if trajectory else [],
         stop_reason=response.stop_reason,
         run_id=response.run_id,
         error=response.error,

@@ -19,12 +19,13 @@ import asyncio
 import math
 import statistics
 import time
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 from grpo_service.config import Settings
 from grpo_service.core.env_manager import EnvManager
 from grpo_service.core.policy_manager import PolicyManager, check_plays
-from grpo_service.core.registry import EnvHandle, Registry, RunHandle, new_instance_id
+from grpo_service.core.registry import Claim, EnvHandle, Hold, Registry, RunHandle, new_instance_id
 from grpo_service.errors import Unprocessable
 from grpo_service.models import (
     GroupMember,
@@ -39,6 +40,8 @@ from grpo_service.rollout.membership import Membership
 from grpo_service.rollout.player import RolloutPlayer, member_request
 from grpo_service.rollout.run_book import RunBook
 from grpo_service.tracing.traces import TraceSink
+
+T = TypeVar("T")
 
 
 class RolloutCoordinator:
@@ -55,38 +58,52 @@ class RolloutCoordinator:
         self.registry = registry
         self.settings = settings
         self.tracer = tracer
-        self.runs = RunBook(registry)
+        self.runs = RunBook(registry, settings.max_finished_result_bytes)
         self.player = RolloutPlayer(envs, policies, registry, self.runs, settings, tracer)
 
     # ---------------------------------------------------------------------------- public API
 
-    async def rollout(self, req: RolloutRequest) -> RolloutResponse:
-        run = self._register_rollout(req)
-        return await self.player.play(run, req)
+    async def rollout(self, req: RolloutRequest, claim: Claim | None = None) -> RolloutResponse:
+        """Play one rollout; ``claim``: the slots a batch holds for its rollouts (else the rollout
+        holds its own env and policy slot from its admission on)."""
+        run, own = self._register_rollout(req, claim)
+        return await _released(own, self.player.play(run, req))
 
     def start_rollout(self, req: RolloutRequest) -> RunHandle:
-        run = self._register_rollout(req)
-        return _in_background(run, self.player.play(run, req))
+        run, own = self._register_rollout(req)
+        return _in_background(run, _released(own, self.player.play(run, req)))
 
     async def group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RolloutGroupResponse:
         """The group, or only its members ``members`` (a share of a group spread over Ray hosts;
         a group with a fork plan is never spread)."""
         run = self._register_group(req, members)
-        return await self._run_group(run, req)
+        return await _released(run.claim, self._run_group(run, req))
 
     def start_group(self, req: RolloutGroupRequest, members: list[int] | None = None) -> RunHandle:
         run = self._register_group(req, members)
-        return _in_background(run, self._run_group(run, req))
+        return _in_background(run, _released(run.claim, self._run_group(run, req)))
 
     def abort(self, run_id: str) -> RunHandle:
         return self.runs.abort(run_id)
 
     # ------------------------------------------------------------------------------ single
 
-    def _register_rollout(self, req: RolloutRequest) -> RunHandle:
-        return self.runs.register(
-            req.run_id or new_instance_id(), "rollout", len(req.op_list()), req.rl_run_id
-        )
+    def _register_rollout(
+        self, req: RolloutRequest, claim: Claim | None = None
+    ) -> tuple[RunHandle, Claim | None]:
+        """The rollout's run, with the slots it will create its env and policy in: ``claim``'s,
+        or its own (returned, for the caller to release when the rollout ends)."""
+        check_turns(req.turns_per_rollout(), "the rollout", self.settings)
+        run_id = req.run_id or new_instance_id()
+        hold = claim.runs if claim is not None else None
+        self.runs.admit([run_id], hold)
+        own = None
+        if claim is None:
+            creates = (int(req.env.env_id is None), int(req.policy.policy_id is None))
+            own = self.registry.claim("the rollout", envs=creates[0], policies=creates[1])
+        run = self.runs.add(run_id, "rollout", len(req.op_list()), req.rl_run_id, hold)
+        run.claim = claim or own
+        return run, own
 
     # ------------------------------------------------------------------------------- groups
 
@@ -98,16 +115,30 @@ class RolloutCoordinator:
                 f"group_size {req.group_size} exceeds max_group_size {self.settings.max_group_size}",
                 code="group_too_large",
             )
+        per = req.turns_per_rollout()
+        asked = (
+            f"the group ({req.group_size} members × {per:,} turns)"
+            if req.fork is None
+            else f"the fork tree ({req.group_size} roots × {per:,} turns and up to "
+            f"{req.tree_size() - req.group_size} continuations)"
+        )
+        check_turns(req.turns_at_most(), asked, self.settings)
         if req.policy.policy_name and req.env.env_name:  # before G envs are built for nothing
             check_plays(req.policy.policy_name, req.env.env_name, "the group's env")
         if req.policy.policy_name:  # a config the policy refuses is the caller's 422, not G failed members
             self.policies.check_config(req.policy.policy_name, req.policy.config)
         if req.fork is not None:
-            admit_tree(req, self.settings, self.registry)
+            admit_tree(req, self.settings)
         group_id = req.group_id or new_instance_id()
         indices = range(req.tree_size()) if members is None or req.fork is not None else members
         member_ids = [f"{group_id}.{i}" for i in indices]
         self.runs.admit([group_id, *member_ids])
+        # Every member's env and policy slot is held now: a member never fails for want of room.
+        size = len(member_ids)
+        what = (
+            f"the fork tree (up to {size} members)" if req.fork is not None else f"the group ({size} members)"
+        )
+        claim = self.registry.claim(what, envs=size, policies=size)
         member_ops = len(member_request(req, "x", None).op_list())
         # A continuation's ops are known when it forks; until then, the most it may play.
         ops = [member_ops if i < req.group_size else member_ops - 2 for i in indices]
@@ -117,13 +148,16 @@ class RolloutCoordinator:
             self.runs.add(member_id, "rollout", n, req.rl_run_id)
             for member_id, n in zip(member_ids, ops, strict=True)
         ]
+        for member_run in (run, *run.member_runs):
+            member_run.claim = claim
         return run
 
     async def _run_group(self, run: RunHandle, req: RolloutGroupRequest) -> RolloutGroupResponse:
         started = time.monotonic()
         members_runs = run.member_runs
         try:
-            start_envs = await self._group_start_envs(req, min(req.group_size, len(members_runs)))
+            count = min(req.group_size, len(members_runs))
+            start_envs = await self._group_start_envs(req, count, run.claim.envs if run.claim else None)
         except BaseException as exc:
             for member in members_runs:
                 self.runs.fail(member, exc, prefix="the group could not start: ")
@@ -151,11 +185,13 @@ class RolloutCoordinator:
         self.runs.finish(run, "aborted" if run.abort.is_set() else "completed", result=response)
         return response
 
-    async def _group_start_envs(self, req: RolloutGroupRequest, count: int) -> list[EnvHandle]:
+    async def _group_start_envs(
+        self, req: RolloutGroupRequest, count: int, hold: Hold | None
+    ) -> list[EnvHandle]:
         """``count`` identical starting envs: resets of one seed, or restores of one snapshot."""
         spec = req.env
         if spec.snapshot_id is not None:
-            envs = await self.envs.restore_many(spec.snapshot_id, count)
+            envs = await self.envs.restore_many(spec.snapshot_id, count, hold)
             if req.fork is not None:  # the snapshot's plug-in is known only now
                 try:
                     check_forkable(type(envs[0].env))
@@ -165,7 +201,18 @@ class RolloutCoordinator:
                     raise
             return envs
         assert spec.env_name is not None
-        return await self.envs.create_many(spec.env_name, spec.config, spec.seed, req.rl_run_id, count)
+        return await self.envs.create_many(spec.env_name, spec.config, spec.seed, req.rl_run_id, count, hold)
+
+
+def check_turns(turns: int, asked: str, settings: Settings) -> None:
+    """Refuse (422) a request that may play more turns than ``max_request_turns``: its result holds
+    every turn in memory until it is answered (a retry cannot succeed: not a 429)."""
+    if turns > settings.max_request_turns:
+        raise Unprocessable(
+            f"{asked} may play up to {turns:,} turns; MAX_REQUEST_TURNS is {settings.max_request_turns:,} "
+            "(a result holds every turn in memory until it is answered): ask for fewer members or turns",
+            code="too_many_turns",
+        )
 
 
 def member_index(member_id: str) -> int:
@@ -199,10 +246,25 @@ def group_response(
     )
 
 
-def _in_background(run: RunHandle, work: Any) -> RunHandle:
-    run.task = asyncio.create_task(work)
+async def _released(claim: Claim | None, work: Awaitable[T]) -> T:
+    """``work``'s outcome; then the slots ``claim`` still holds go back (the request has ended)."""
+    try:
+        return await work
+    finally:
+        if claim is not None:
+            claim.release()
+
+
+def _in_background(run: RunHandle, work: Awaitable[Any]) -> RunHandle:
+    run.task = asyncio.create_task(_discarding(work))
     run.task.add_done_callback(_consume_exception)
     return run
+
+
+async def _discarding(work: Awaitable[Any]) -> None:
+    """Run ``work`` for its effects: the run keeps its result as JSON (`RunBook.finish`), and a
+    task that returned the response would keep every object of it alive as long as the run."""
+    await work
 
 
 def _consume_exception(task: asyncio.Task[Any]) -> None:

@@ -141,8 +141,13 @@ class EpisodeLoop:
         if spec.policy_id is not None:
             return unshared(self.policies.get(spec.policy_id), "policy"), False
         assert spec.policy_name is not None
+        claim = self.run.claim  # the slot held for it since the rollout's admission
         created = await self.policies.create(
-            spec.policy_name, spec.config, self.req.rl_run_id, bound_env_id=self.env.id
+            spec.policy_name,
+            spec.config,
+            self.req.rl_run_id,
+            bound_env_id=self.env.id,
+            hold=claim.policies if claim is not None else None,
         )
         return created, True
 
@@ -238,6 +243,12 @@ class EpisodeLoop:
 
     def _record(self, decision: DecisionTrace) -> None:
         self.episode.steps.append(step_record(decision, self.req.record, self.with_tokens))
+        stream = decision.decision.meta.get("stream")
+        if isinstance(stream, dict):
+            self.episode.streamed = True
+            if stream.get("segment_start") not in (None, "start"):
+                self.episode.segment_starts[decision.turn] = stream["segment_start"]
+            self.episode.template_differs += bool(stream.get("template_differs"))
 
     async def _guarded(self, awaitable: Awaitable[T]) -> T:
         """Await, but give up at the deadline or on abort (cancelling the awaited work)."""

@@ -12,8 +12,10 @@ are ``G + (r·F + s)·K + k``. Every index is admitted (a run slot) before anyth
 continuations a root never reaches (it ended before the fork turn) are released when it ends.
 
 Bounds: a tree has at most G·(1 + F·K) members (``max_group_size``), as many live envs and
-policies at most (checked up front, 429), and the rule keeps at most one state per turn of each
-root until that root has played.
+policies at most (checked up front, 429). The rule keeps, per root, only the states a fork can
+still need: the ``count`` best-ranked turns so far and the turn being decided (a state is ranked,
+and dropped unless it is among the best, as soon as the decision after it has been sampled), so
+a root of T turns holds ``count + 1`` states, not T.
 """
 
 from __future__ import annotations
@@ -25,13 +27,13 @@ from dataclasses import dataclass
 
 from envs.base import Environment, environment_class
 from grpo_service.config import Settings
-from grpo_service.core.registry import EnvHandle, PolicyHandle, Registry, RunHandle
+from grpo_service.core.registry import EnvHandle, PolicyHandle, RunHandle
 from grpo_service.errors import Unprocessable
 from grpo_service.models import ForkNode, GroupMember, GroupTree, RolloutGroupRequest, RolloutResponse
 from grpo_service.rollout.episode import EpisodeLoop
 from grpo_service.rollout.membership import Membership
 from grpo_service.rollout.player import RolloutPlayer
-from grpo_service.rollout.run_book import RunBook, error_message
+from grpo_service.rollout.run_book import error_message
 
 
 def check_forkable(cls: type[Environment]) -> None:
@@ -43,9 +45,10 @@ def check_forkable(cls: type[Environment]) -> None:
         )
 
 
-def admit_tree(req: RolloutGroupRequest, settings: Settings, registry: Registry) -> None:
-    """Refuse a fork plan that cannot run: an env that cannot be copied mid-episode (422), a tree
-    larger than ``max_group_size`` (422), or more envs or policies than are free now (429)."""
+def admit_tree(req: RolloutGroupRequest, settings: Settings) -> None:
+    """Refuse (422) a fork plan that cannot run: an env that cannot be copied mid-episode, or a
+    tree larger than ``max_group_size``. The coordinator then holds an env and a policy slot for
+    every member the tree may start (or answers 429)."""
     assert req.fork is not None and req.max_turns is not None
     if req.env.env_name is not None:
         check_forkable(environment_class(req.env.env_name))
@@ -57,8 +60,6 @@ def admit_tree(req: RolloutGroupRequest, settings: Settings, registry: Registry)
             f"forks × {req.fork.continuations} continuations)); max_group_size is {settings.max_group_size}",
             code="group_too_large",
         )
-    registry.envs.reserve(size)
-    registry.policies.reserve(size)
 
 
 @dataclass
@@ -78,8 +79,12 @@ def surprisal(result: RolloutResponse | None, turn: int) -> float | None:
     for trajectory in result.trajectories if result else []:
         for step in trajectory.steps:
             if step.turn == turn and step.llm is not None and step.llm.completion_logprobs:
-                return -statistics.fmean(step.llm.completion_logprobs)
+                return mean_surprisal(step.llm.completion_logprobs)
     return None
+
+
+def mean_surprisal(logprobs: list[float]) -> float:
+    return -statistics.fmean(logprobs)
 
 
 class BusyClock:
@@ -115,6 +120,7 @@ class ForkingGroup:
         self.fixed = self.plan.fixed_turns(self.max_turns)
         self.forks_per_root = self.plan.forks_per_root(self.max_turns)
         self.captures: dict[int, dict[int, Capture]] = {}
+        self.ranks: dict[int, dict[int, float]] = {}  # rule: the surprisal of each held, decided turn
         self.forks: list[ForkNode] = []
         self.continuations: list[asyncio.Task[list[GroupMember]]] = []
         self.started: set[int] = set()
@@ -158,6 +164,7 @@ class ForkingGroup:
                 self._fork_by_rule(index, played.result)
         finally:
             self.captures.pop(index, None)
+            self.ranks.pop(index, None)
             self._release_unstarted(index)
         return played
 
@@ -166,7 +173,26 @@ class ForkingGroup:
             if turn in self.fixed:
                 self._start(await self._capture(root, loop, turn), self.fixed.index(turn))
         elif turn >= 1:  # turn 0 is the group's common start: the roots already sample it
+            self._keep_best(root, loop)
             self.captures[root][turn] = await self._capture(root, loop, turn)
+
+    def _keep_best(self, root: int, loop: EpisodeLoop) -> None:
+        """Drop the states the rule can no longer choose: the last decided turn's, unless its
+        surprisal (known now that it was sampled) ranks it among the ``count`` best so far."""
+        held = self.captures[root]
+        decided = loop.decisions[-1] if loop.decisions else None
+        if decided is None or decided.turn not in held:
+            return
+        call = decided.decision.llm_call
+        logprobs = call.completion_logprobs if call is not None and loop.with_tokens else None
+        if not logprobs:
+            del held[decided.turn]  # the rule cannot rank it (no logprobs): never chosen
+            return
+        self.ranks.setdefault(root, {})[decided.turn] = mean_surprisal(logprobs)
+        ranks = self.ranks[root]
+        if len(ranks) > self.forks_per_root:  # the same order as `_fork_by_rule`: (surprisal, turn)
+            worst = min(ranks, key=lambda t: (ranks[t], t))
+            del ranks[worst], held[worst]
 
     async def _capture(self, root: int, loop: EpisodeLoop, turn: int) -> Capture:
         assert loop.policy is not None
@@ -198,7 +224,7 @@ class ForkingGroup:
         except Exception as exc:  # e.g. the env table filled up meanwhile: these members fail
             runs = [self.member_runs[i] for i in indices]
             for run in runs:
-                RunBook.fail(run, exc, prefix="the fork could not be copied: ")
+                self.player.runs.fail(run, exc, prefix="the fork could not be copied: ")
             return [
                 GroupMember(group_index=i, run_id=r.id, status="failed", error=error_message(exc))
                 for i, r in zip(indices, runs, strict=True)
@@ -219,13 +245,17 @@ class ForkingGroup:
         return list(await asyncio.gather(*plays))
 
     async def _copy(self, capture: Capture, indices: list[int]) -> tuple[list[EnvHandle], list[PolicyHandle]]:
-        """One env and one policy per continuation, from the captured states: all, or none."""
-        envs = await self.player.envs.copies(capture.env, capture.env_state, len(indices))
+        """One env and one policy per continuation, from the captured states (in the slots the tree
+        holds): all, or none."""
+        claim = self.run.claim
+        env_hold, policy_hold = (claim.envs, claim.policies) if claim is not None else (None, None)
+        envs = await self.player.envs.copies(capture.env, capture.env_state, len(indices), hold=env_hold)
         policies = self.player.policies
         try:
             offsets = [i - capture.root if self.req.vary_policy_seed else 0 for i in indices]
             payloads = [policies.with_seed(capture.policy_state, o) for o in offsets]
-            return envs, await policies.copies(capture.policy, payloads, [e.id for e in envs])
+            bound = [e.id for e in envs]
+            return envs, await policies.copies(capture.policy, payloads, bound, hold=policy_hold)
         except BaseException:
             for env in envs:
                 await self.player.envs.discard(env)
@@ -241,5 +271,8 @@ class ForkingGroup:
         }
         for run_id in unstarted:
             self.player.registry.runs.pop(run_id)
+        if self.run.claim is not None:  # nor their env and policy slots
+            self.run.claim.envs.drop(len(unstarted))
+            self.run.claim.policies.drop(len(unstarted))
         self.run.member_ids = [i for i in self.run.member_ids if i not in unstarted]
         self.run.member_runs = [r for r in self.run.member_runs if r.id not in unstarted]

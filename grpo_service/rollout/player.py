@@ -60,14 +60,16 @@ class RolloutPlayer:
         self.runs.finish(run, response.status, result=response, error=response.error)
         return response
 
-    async def _resolve_env(self, spec: RolloutEnvSpec, rl_run_id: str) -> tuple[EnvHandle, bool]:
-        """The env to play and whether this rollout owns it (and must terminate it)."""
+    async def _resolve_env(self, spec: RolloutEnvSpec, run: RunHandle) -> tuple[EnvHandle, bool]:
+        """The env to play (made in the slot the run's claim holds) and whether this rollout owns
+        it (and must terminate it)."""
         if spec.env_id is not None:
             return unshared(self.envs.get(spec.env_id), "env"), False
+        hold = run.claim.envs if run.claim is not None else None
         if spec.snapshot_id is not None:
-            return await self.envs.restore(spec.snapshot_id), True
+            return await self.envs.restore(spec.snapshot_id, hold=hold), True
         assert spec.env_name is not None
-        return await self.envs.create(spec.env_name, spec.config, spec.seed, rl_run_id), True
+        return await self.envs.create(spec.env_name, spec.config, spec.seed, run.rl_run_id, hold), True
 
     async def _execute(
         self, run: RunHandle, req: RolloutRequest, member: Membership | None
@@ -75,9 +77,7 @@ class RolloutPlayer:
         started_wall, started = time.time(), time.monotonic()
         if member is None and req.policy.policy_name and req.env.env_name:
             check_plays(req.policy.policy_name, req.env.env_name, "the rollout's env")  # before creating it
-        env, owns_env = (
-            (member.env, True) if member is not None else await self._resolve_env(req.env, req.rl_run_id)
-        )
+        env, owns_env = (member.env, True) if member is not None else await self._resolve_env(req.env, run)
         own_deadline = started + req.safety.max_time_s
         loop = EpisodeLoop(
             run,

@@ -14,8 +14,10 @@ from grpo_service.models import (
     RolloutRecordConfig,
     RolloutRequest,
     RolloutStep,
+    TokenStream,
     Trajectory,
 )
+from grpo_service.rollout.streams import token_streams
 from grpo_service.tracing.traces import IMAGE_KEYS, DecisionTrace
 from inference import LLMCall
 
@@ -33,6 +35,19 @@ class EpisodeInPlay:
     truncated: bool = False
     stop_reason: str = "running"
     final: dict[str, Any] | None = None
+    segment_starts: dict[int, str] = field(default_factory=dict)  # turn -> why a stream restarts
+    template_differs: int = 0
+    streamed: bool = False  # a decision of it was played as a token stream
+    _streams: list[TokenStream] | None = None
+
+    def streams(self) -> list[TokenStream]:
+        """The episode's token streams (built once, when its play is over); none when no decision
+        was played as a stream (per-decision chats: their per-step records are the data)."""
+        if self._streams is None:
+            self._streams = (
+                token_streams(self.steps, self.segment_starts, self.stop_reason) if self.streamed else []
+            )
+        return self._streams
 
 
 def records_tokens(req: RolloutRequest) -> bool:
@@ -109,6 +124,7 @@ def trajectory(ep: EpisodeInPlay, env: EnvHandle, policy: PolicyHandle | None) -
         done=ep.done,
         truncated=ep.truncated,
         stop_reason=ep.stop_reason,
+        streams=ep.streams(),
     )
 
 
@@ -149,6 +165,8 @@ def metrics(
         llm_calls_without_tokens=sum(1 for c in calls if _untrainable(c)) if with_tokens else 0,
         weights_version=min(versions, default=None),
         weights_version_max=max(versions, default=None),
+        stream_segments=sum(len(ep.streams()) for ep in episodes) if with_tokens else 0,
+        template_differs=sum(ep.template_differs for ep in episodes),
     )
 
 

@@ -49,6 +49,17 @@ class EpisodeRecorder:
             )
         )
 
+    def record_invalid(
+        self, observation: dict[str, Any], tool_calls: list[dict[str, Any]], message: str
+    ) -> None:
+        """A step the env refused (nothing executed): an invalid turn, ``message`` its feedback."""
+        decision = PolicyDecision(tool_calls=tool_calls, error="invalid_action", error_detail=message)
+        self.decisions.append(
+            DecisionTrace(
+                turn=len(self.decisions), observation=observation, decision=decision, feedback=message
+            )
+        )
+
     def trace(self, env_id: str, stop_reason: str) -> RolloutTrace | None:
         """The episode as a finished rollout (None if no step was taken)."""
         if not self.decisions:

@@ -1,4 +1,5 @@
-"""SFT export: OpenAI chat fine-tuning JSONL from a trace DB.
+"""SFT export: OpenAI chat fine-tuning JSONL from a trace DB (or, with ``streams``, the token
+streams of rollouts played token-in/token-out: one line per stream).
 
 One example per **turn**: the exact messages the model was sent for that decision (system
 prompt, its history window, the current observation) followed by the assistant reply with
@@ -281,6 +282,7 @@ def iter_examples(
     filters: ExportFilters,
     report: ExportReport,
     on_session: Callable[[], None] | None = None,
+    streams: bool = False,
 ) -> Iterator[dict[str, Any]]:
     sessions = reader.sessions()
     check_achievement_names(filters.require_achievements, sessions)
@@ -291,6 +293,9 @@ def iter_examples(
             reason = "limit"
         if reason is not None:
             report.session_skips[reason] += 1
+        elif streams:
+            report.sessions_kept += 1
+            yield from _stream_examples(reader, session, report)
         else:
             report.sessions_kept += 1
             for turn in reader.turns(session["session_id"]):
@@ -309,14 +314,48 @@ def iter_examples(
             on_session()
 
 
+def _stream_examples(
+    reader: TraceReader, session: dict[str, Any], report: ExportReport
+) -> Iterator[dict[str, Any]]:
+    """One line per token stream of the session: the exact tokens the model was sampled on, the
+    ``sampled`` mask the SFT trainer takes its loss on (`training.llm.sft`), the sampler's logprobs
+    and spans. A session played per decision has none (counted under ``no_stream``)."""
+    found = reader.streams(session["session_id"])
+    if not found:
+        report.turn_skips["no_stream"] += 1
+    for stream in found:
+        report.turns_seen += len(stream["spans"])
+        report.examples += 1
+        yield {
+            **{k: stream[k] for k in ("token_ids", "sampled", "logprobs", "spans")},
+            "metadata": {
+                "session_id": session["session_id"],
+                "run_id": session["run_id"],
+                "episode": stream["episode"],
+                "start_reason": stream["start_reason"],
+                "end_reason": stream["end_reason"],
+                "env_name": session["env_name"],
+                "seed": session["seed"],
+                "policy_name": session["policy_name"],
+                "model": session["model"],
+                "session_total_reward": session["total_reward"],
+                "stop_reason": session["stop_reason"],
+            },
+        }
+
+
 def export_sft(
     db: str | Path,
     out: str | Path,
     filters: ExportFilters | None = None,
     on_session: Callable[[], None] | None = None,
     on_start: Callable[[int], None] | None = None,
+    *,
+    streams: bool = False,
 ) -> ExportReport:
-    """Write the examples to ``out`` (atomically: a temp file renamed at the end)."""
+    """Write the examples to ``out`` (atomically: a temp file renamed at the end): one chat example
+    per successful turn, or with ``streams`` one line per token stream (every turn of it, the
+    model's own tokens; invalid turns included: filter sessions to choose what to imitate)."""
     filters = filters or ExportFilters()
     db, out = Path(db), Path(out)
     report = ExportReport(db=db, out=out)
@@ -330,7 +369,7 @@ def export_sft(
             on_start(reader.count("sessions"))
         try:
             with tmp.open("w", encoding="utf-8") as f:
-                for example in iter_examples(reader, filters, report, on_session):
+                for example in iter_examples(reader, filters, report, on_session, streams):
                     f.write(json.dumps(example, ensure_ascii=False) + "\n")
             os.replace(tmp, out)
         finally:

@@ -120,7 +120,7 @@ class TraceReader:
         return schema_version(self.conn)
 
     def count(self, table: str = "sessions") -> int:
-        if table not in {"sessions", "turns", "messages", "llm_calls", "env_steps", "rewards"}:
+        if table not in {"sessions", "turns", "messages", "llm_calls", "env_steps", "rewards", "streams"}:
             raise ValueError(f"unknown table {table!r}")
         return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
@@ -234,6 +234,27 @@ class TraceReader:
             (session_id,),
         )
         return [{**dict(r), "annotation": loads(r["annotation"])} for r in rows]
+
+    def streams(self, session_id: str) -> list[dict[str, Any]]:
+        """The session's token streams (`grpo_service.models.TokenStream` fields, plus ``episode``),
+        in order; none for a rollout played per decision."""
+        rows = self.conn.execute(
+            "SELECT episode, start_reason, end_reason, token_ids, sampled, logprobs, spans FROM streams "
+            "WHERE session_id = ? ORDER BY episode, idx",
+            (session_id,),
+        )
+        return [
+            {
+                "episode": r["episode"],
+                "start_reason": r["start_reason"],
+                "end_reason": r["end_reason"],
+                "token_ids": loads(r["token_ids"]),
+                "sampled": loads(r["sampled"]),
+                "logprobs": loads(r["logprobs"]),
+                "spans": loads(r["spans"]),
+            }
+            for r in rows
+        ]
 
     # --------------------------------------------------------------------------- trace dict
 

@@ -50,6 +50,7 @@ ENV_STEP_COLUMNS = _columns(
     "achievements_unlocked env_ms info"
 )
 REWARD_COLUMNS = _columns("session_id scope turn episode kind value annotation")
+STREAM_COLUMNS = _columns("session_id episode idx start_reason end_reason token_ids sampled logprobs spans")
 
 TABLE_COLUMNS: dict[str, list[str]] = {
     "sessions": SESSION_COLUMNS,
@@ -58,6 +59,7 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "llm_calls": LLM_COLUMNS,
     "env_steps": ENV_STEP_COLUMNS,
     "rewards": REWARD_COLUMNS,
+    "streams": STREAM_COLUMNS,
 }
 
 
@@ -97,13 +99,22 @@ class _Messages:
         self.session_id = session_id
         self.index: dict[Any, int] = {}
         self.rows: list[tuple[Any, ...]] = []
+        # The same message object in later prompts (an agent replays its history window's
+        # messages as the same dicts): its index without encoding it again. The object is kept,
+        # so its id is not reused while this is alive.
+        self._seen: dict[tuple[int, str], tuple[Any, int]] = {}
 
     def add(self, message: Any, turn: int, source: str) -> int:
+        seen = self._seen.get((id(message), source))
+        if seen is not None:
+            return seen[1]
+        original = message
         if not isinstance(message, dict):
             message = {"role": "", "$content": message}
         key = _message_key(message, source)
         found = self.index.get(key)
         if found is not None:
+            self._seen[(id(original), source)] = (original, found)
             return found
         idx = len(self.rows)
         role, columns, extra = split_message(message)
@@ -122,6 +133,7 @@ class _Messages:
             )
         )
         self.index[key] = idx
+        self._seen[(id(original), source)] = (original, idx)
         return idx
 
 
@@ -274,6 +286,21 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
     )
     t["rewards"].append((session_id, "session", None, None, "achievements", float(len(achievements)), None))
     t["messages"] = messages.rows
+    for trajectory in response.trajectories:
+        for idx, stream in enumerate(trajectory.streams):
+            t["streams"].append(
+                (
+                    session_id,
+                    trajectory.episode,
+                    idx,
+                    stream.start_reason,
+                    stream.end_reason,
+                    dumps(stream.token_ids),
+                    dumps(stream.sampled),
+                    dumps(stream.logprobs),
+                    dumps([span.model_dump(mode="json") for span in stream.spans]),
+                )
+            )
 
     model, sampling = _model_and_sampling(trace)
     request = trace.request

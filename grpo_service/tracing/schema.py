@@ -210,11 +210,28 @@ _V4 = (
     "ALTER TABLE sessions ADD COLUMN fork_turn INTEGER",
 )
 
+# A rollout played as token streams: each episode's streams (segments), as the response carries them.
+_V5 = (
+    """CREATE TABLE streams (
+        session_id TEXT NOT NULL REFERENCES sessions(session_id) ON DELETE CASCADE,
+        episode INTEGER NOT NULL,
+        idx INTEGER NOT NULL,
+        start_reason TEXT NOT NULL,
+        end_reason TEXT NOT NULL,
+        token_ids TEXT NOT NULL,
+        sampled TEXT NOT NULL,
+        logprobs TEXT NOT NULL,
+        spans TEXT NOT NULL,
+        PRIMARY KEY (session_id, episode, idx)
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, turns, messages, llm_calls, env_steps, rewards, writer bookkeeping", _V1),
     Migration(2, "indexes for export filters and the session_summary view", _V2),
     Migration(3, "llm_calls.weights_version: the weights that sampled each call", _V3),
     Migration(4, "sessions.parent_index and fork_turn: a forking group's tree", _V4),
+    Migration(5, "streams: an episode's token streams (token-in/token-out rollouts)", _V5),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -8,6 +8,7 @@ import os
 from typing import Any
 
 from grpo_service.client import AsyncTaskAppClient, TaskAppClient
+from grpo_service.models import RolloutGroupRequest
 from training.jobs import JobType, register_job_type
 from training.llm.config import RLConfig, SFTConfig, confine_paths
 
@@ -89,13 +90,30 @@ def train_sft_job(config: SFTConfig, ctx: Any = None) -> dict[str, Any]:
 
 def train_rl_job(config: RLConfig, ctx: Any = None) -> dict[str, Any]:
     """The ``rl`` job: GRPO against the task app named in the config (key: config, else env)."""
-    from training.llm.rl import train_rl
+    from training.llm.rl import group_request, train_rl
 
     config = _job_config(config, ctx)
     # Under the job API the task app's URL is the caller's: it never receives the server's key.
     key = config.task_app_api_key or (os.environ.get("ENVIRONMENT_API_KEY") if ctx is None else None)
     task_app = TaskAppGroups(config.task_app_url, key, read_timeout_s=config.rollout_timeout_s + 60)
+    check_groups_fit(task_app, group_request(config, 0, "model", 0, 0, 0))
     return _job_summary(train_rl(config, ctx, task_app=task_app), ctx)
+
+
+def check_groups_fit(task_app: TaskAppGroups, body: dict[str, Any]) -> None:
+    """Fail at once, naming the numbers, when the task app would refuse every group the run sends
+    (more turns than its ``max_request_turns``), not after loading the model and failed steps."""
+    try:
+        budget = task_app.info()["limits"].get("max_request_turns")
+        turns = RolloutGroupRequest.model_validate(body).turns_at_most()
+    except Exception:  # no limit to read, or a body the task app will answer with its own 422
+        return
+    if budget is not None and turns > budget:
+        raise ValueError(
+            f"each group may play up to {turns:,} turns (group_size {body['group_size']} × max_turns "
+            f"{body['max_turns']}{', with its fork plan' if 'fork' in body else ''}); the task app "
+            f"refuses more than {budget:,} (its MAX_REQUEST_TURNS): lower group_size or max_turns"
+        )
 
 
 # The LLM jobs of `POST /train` (``type: "sft"`` / ``"rl"``) beside the ``gymnasium`` job.

@@ -70,12 +70,13 @@ def render_table(report: dict[str, Any], console: Console) -> None:
     )
     for ratio in RATIOS:
         entry = report["ratios"][ratio.key]
+        goal = f"{'<=' if ratio.at_most else '>='} {ratio.goal:g}"
         if entry["value"] is None:
-            ratios.add_row(ratio.key, "skipped", "", f">= {ratio.goal:g}", "-")
+            ratios.add_row(ratio.key, "skipped", "", goal, "-")
             continue
         lo, hi = entry["spread"]
         met = "[green]yes[/]" if entry["met"] else "[red]no[/]"
-        ratios.add_row(ratio.key, f"{entry['value']:.2f}", f"{lo:.2f} - {hi:.2f}", f">= {ratio.goal:g}", met)
+        ratios.add_row(ratio.key, f"{entry['value']:.2f}", f"{lo:.2f} - {hi:.2f}", goal, met)
     for key, entry in report.get("info_ratios", {}).items():
         if entry["value"] is not None:
             lo, hi = entry["spread"]
@@ -95,7 +96,7 @@ def bench_main(
         ),
     ] = None,
     quick: Annotated[
-        bool, typer.Option("--quick", help="3 short repeats (under 4 minutes on 2 cores).")
+        bool, typer.Option("--quick", help="3 short repeats (about 5 minutes on 2 cores).")
     ] = False,
     json_path: Annotated[
         Path | None, typer.Option("--json", dir_okay=False, help="Also write the results to this JSON file.")

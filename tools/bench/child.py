@@ -2,6 +2,7 @@
 
     python -m tools.bench.child service --fd N --settings JSON
     python -m tools.bench.child fake --fd N --config JSON
+    python -m tools.bench.child floor --fd N --config JSON     # tools/bench/floor.py
 
 The parent binds the listening socket on 127.0.0.1 and passes its file descriptor, so the
 port is known before the child starts and no other process can take it in between.
@@ -24,7 +25,7 @@ def _serve(app: object, fd: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("kind", choices=("service", "fake"))
+    parser.add_argument("kind", choices=("service", "fake", "floor"))
     parser.add_argument("--fd", type=int, required=True)
     parser.add_argument("--settings", default="{}", help="service: Settings fields as JSON")
     parser.add_argument("--config", default="{}", help="fake: FakeConfig fields as JSON")
@@ -34,6 +35,10 @@ def main(argv: list[str] | None = None) -> None:
 
         settings = Settings(_env_file=None, **json.loads(args.settings))  # type: ignore[call-arg]
         _serve(create_app(settings), args.fd)  # with RAY_ADDRESS: the front of a Ray cluster
+    elif args.kind == "floor":
+        from tools.bench.floor import create_floor_app
+
+        _serve(create_floor_app(**json.loads(args.config)), args.fd)
     else:
         from tools.fake_server import FakeConfig, create_fake_app
 

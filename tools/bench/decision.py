@@ -17,9 +17,10 @@ the decisions it made: robust to a busy machine where wall-clock rates are not.
 - ``embedded``: the coordinator called in this process (``build_services``, no HTTP).
 
 ``--profile PREFIX`` also samples the measured window with py-spy (``pip install -e '.[profile]'``) and
-writes ``PREFIX.txt`` (collapsed stacks), ``PREFIX.png`` (a flame graph) and ``PREFIX.json``
-(the CPU budget per part: `tools.bench.flame.PARTS`, in microseconds per decision). A profiled
-run's own CPU figure is inflated by the sampling; take budgets as shares of an unprofiled run.
+writes ``PREFIX.txt`` (collapsed stacks), ``PREFIX.png`` and ``PREFIX.svg`` (a flame graph) and
+``PREFIX.json`` (the CPU budget per part: `tools.bench.flame.PARTS`, in microseconds per
+decision). A profiled run's own CPU figure is inflated by the sampling; take budgets as shares
+of an unprofiled run.
 """
 
 from __future__ import annotations

@@ -18,10 +18,10 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("agent: prompt and reply", ("/envs/agent/", "/envs/crafter/policy.py", "/inference/tool_calls.py")),
     ("env wrapper: text observation", ("/envs/crafter/", "/envs/base.py")),
     ("trace writer (encoding, SQLite)", ("/grpo_service/tracing/", "/site-packages/aiosqlite/")),
+    ("inference client (ours)", ("/inference/",)),
     (
-        "openai client and its HTTP",
+        "HTTP client (openai SDK, aiohttp, httpx)",
         (
-            "/inference/",
             "/site-packages/openai/",
             "/site-packages/aiohttp/",
             "/site-packages/httpx",
@@ -31,29 +31,13 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "/site-packages/multidict/",
         ),
     ),
-    ("records, trajectories, metrics", ("/grpo_service/rollout/records.py", "/grpo_service/models.py")),
+    ("records, trajectories, metrics", ("/grpo_service/rollout/records.py",)),
     ("coordinator and episode loop", ("/grpo_service/rollout/",)),
-    (
-        "env and policy managers",
-        (
-            "/grpo_service/environments.py",
-            "/grpo_service/policies.py",
-            "/grpo_service/registry.py",
-            "/grpo_service/live_objects.py",
-        ),
-    ),
+    ("env and policy managers", ("/grpo_service/core/",)),
+    ("wire types (pydantic)", ("/grpo_service/models/", "/site-packages/pydantic")),
     (
         "route, JSON in and out",
-        (
-            "/grpo_service/routes/",
-            "/site-packages/fastapi/",
-            "/site-packages/starlette/",
-            "/site-packages/pydantic",
-            "/grpo_service/serving/",
-            "/grpo_service/app.py",
-            "/grpo_service/auth.py",
-            "/grpo_service/limits.py",
-        ),
+        ("/grpo_service/api/", "/site-packages/fastapi/", "/site-packages/starlette/", "/grpo_service/app"),
     ),
     (
         "HTTP server (uvicorn)",
@@ -72,6 +56,8 @@ IDLE_LEAVES = (
     ("Queue.get (", "/queue.py)"),
     ("select (", "/selectors.py)"),
 )
+# Leaf lines where a thread waits for work (blocked in C, so the leaf is the Python line).
+IDLE_LINES = (("_connection_worker_thread (", "/aiosqlite/core.py:59)"),)  # `tx.get()`
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -81,7 +67,10 @@ def read_stacks(path: Path) -> Counter[tuple[str, ...]]:
     for line in path.read_text().splitlines():
         frames, _, count = line.rpartition(" ")
         if frames and count.isdigit():
-            stack = tuple(_strip_line(f) for f in frames.split(";"))
+            raw = frames.split(";")
+            if any(raw[-1].startswith(f) and raw[-1].endswith(e) for f, e in IDLE_LINES):
+                continue
+            stack = tuple(_strip_line(f) for f in raw)
             if not any(stack[-1].startswith(f) and stack[-1].endswith(e) for f, e in IDLE_LEAVES):
                 stacks[stack] += int(count)
     return stacks
@@ -102,8 +91,8 @@ def part_of(stack: tuple[str, ...]) -> str:
 
 
 def budget_report(path: Path, cpu_us_per_decision: float, *, title: str) -> dict[str, Any]:
-    """Each part's share of the samples, times the measured CPU per decision; writes the PNG
-    beside ``path``."""
+    """Each part's share of the samples, times the measured CPU per decision; writes the flame
+    graph (PNG and SVG) beside ``path``."""
     stacks = read_stacks(path)
     total = sum(stacks.values()) or 1
     parts: Counter[str] = Counter()
@@ -111,7 +100,9 @@ def budget_report(path: Path, cpu_us_per_decision: float, *, title: str) -> dict
         parts[part_of(stack)] += n
     order = [p for p, _ in PARTS] + [OTHER]
     shares = {p: parts[p] / total for p in order if parts[p]}
-    render(stacks, path.with_suffix(".png"), title=f"{title}: {cpu_us_per_decision:.0f} us CPU per decision")
+    heading = f"{title}: {cpu_us_per_decision:.0f} us CPU per decision"
+    for suffix in (".png", ".svg"):
+        render(stacks, path.with_suffix(suffix), title=heading)
     return {
         "samples": total,
         "cpu_us_per_decision": round(cpu_us_per_decision, 1),
@@ -127,10 +118,12 @@ _COLORS = {
     "agent: prompt and reply": "#f4a460",
     "env wrapper: text observation": "#b0d8a0",
     "trace writer (encoding, SQLite)": "#d8a0d8",
-    "openai client and its HTTP": "#f08080",
+    "inference client (ours)": "#f4b0a0",
+    "HTTP client (openai SDK, aiohttp, httpx)": "#f08080",
     "records, trajectories, metrics": "#ffd27f",
     "coordinator and episode loop": "#ffe4a0",
     "env and policy managers": "#e0e0a0",
+    "wire types (pydantic)": "#a0c8f0",
     "route, JSON in and out": "#87cefa",
     "HTTP server (uvicorn)": "#add8e6",
     "event loop and tasks": "#d3d3d3",

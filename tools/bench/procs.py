@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,20 @@ def pin(pid: int, cpus: set[int] | None) -> None:
         return
     with contextlib.suppress(OSError):
         os.sched_setaffinity(pid, cpus)
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None) -> Iterator[None]:
+    """This process pinned to ``cpus`` while the block runs (nothing when None)."""
+    if cpus is None or not hasattr(os, "sched_getaffinity"):
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    pin(0, cpus)
+    try:
+        yield
+    finally:
+        pin(0, before)
 
 
 class ChildServer:
@@ -83,7 +98,7 @@ class ChildServer:
         return self
 
     def wait_ready(self, timeout_s: float = 90.0) -> None:
-        path = "/health" if self.kind == "service" else "/v1/models"
+        path = "/v1/models" if self.kind == "fake" else "/health"
         deadline = time.monotonic() + timeout_s
         while True:
             assert self.proc is not None

@@ -12,13 +12,13 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tools.bench import inproc, served
-from tools.bench.procs import ChildServer, cpu_count, pin
+from tools.bench import floor, inproc, served
+from tools.bench.procs import ChildServer, cpu_count, pinned
 
 FAKE_MODEL = "fake-model"
 LLM_LATENCY_S = 0.2
@@ -45,10 +45,34 @@ class Plan:
     live_envs: int
     actions_per_call: tuple[int, int] = (1, 4)
     warm_episodes: int = 4  # worlds cached per group seed before timing (a death's reset finds one)
+    # The cost of one decision (service embedded against the floor): groups x size x turns.
+    decision_groups: int = 4
+    decision_group_size: int = 16
+    decision_turns: int = 30
 
 
 PLANS = {
-    "smoke": Plan("smoke", 1, 0.15, 1, 10, 0.4, 4, 4, 2, 2, 8, 2, 3, 2, 40, warm_episodes=1),
+    "smoke": Plan(
+        "smoke",
+        1,
+        0.15,
+        1,
+        10,
+        0.4,
+        4,
+        4,
+        2,
+        2,
+        8,
+        2,
+        3,
+        2,
+        40,
+        warm_episodes=1,
+        decision_groups=1,
+        decision_group_size=4,
+        decision_turns=3,
+    ),
     "quick": Plan("quick", 3, 1.5, 2, 100, 2.5, 16, 64, 16, 60, 128, 30, 40, 8, 1000),
     "full": Plan("full", 5, 4.0, 4, 300, 6.0, 16, 64, 16, 60, 128, 30, 200, 30, 1000),
 }
@@ -113,6 +137,27 @@ FIGURES: tuple[Figure, ...] = (
     ),
     Figure("llm_bound_ideal", "decisions/s", "128 rollouts / 0.2 s: the LLM's own limit"),
     Figure(
+        "llm_bound_turn_ms",
+        "ms",
+        "in the llm_bound load, a rollout's own wall time per decision (its metrics.wall_time_s / "
+        "its decisions, over all rollouts): 200 ms plus what the service adds inside the rollout",
+        False,
+    ),
+    Figure(
+        "llm_bound_call_ms",
+        "ms",
+        "in the same load, the mean time of one LLM call, from sending it to its reply handled "
+        "(metrics.llm_time_s / decisions): 200 ms plus the wait for the event loop",
+        False,
+    ),
+    Figure(
+        "llm_bound_outside_turns_s",
+        "s",
+        "the load's wall time less the mean rollout's own wall time: starting the groups (envs, "
+        "policies) and answering them",
+        False,
+    ),
+    Figure(
         "llm_bound_fake_alone",
         "decisions/s",
         "the same 200 ms fake driven directly by 128 bare clients (same request): the harness's own ceiling",
@@ -143,6 +188,64 @@ FIGURES: tuple[Figure, ...] = (
         "the same group",
         False,
     ),
+    # The cost of one decision, against the floor (tools/bench/floor.py).
+    Figure(
+        "floor_http_steps_per_s",
+        "steps/s",
+        "as http_steps_per_s against the floor (a bare uvicorn + FastAPI app stepping the same env, "
+        f"orjson in and out, nothing of ours); {ONE_WORKER_NOTE}",
+    ),
+    Figure(
+        "env_cpu_us_per_step",
+        "us",
+        "our CrafterEnv.step([a]) in the rollouts' worlds, CPU time (process_time) per step, one "
+        "core: the env's share taken out of the CPU-per-decision figures",
+        False,
+    ),
+    Figure(
+        "service_cpu_us_per_decision",
+        "us",
+        "the task app's CPU per LLM decision, embedded (coordinator in-process, answers encoded as "
+        "the route would), mode rl with token ids and logprobs recorded, tracing on, zero-latency "
+        "fake; 4 groups of 16 crafter-react rollouts x 30 turns; one CPU",
+        False,
+    ),
+    Figure(
+        "service_untraced_cpu_us_per_decision", "us", "as service_cpu_us_per_decision, tracing off", False
+    ),
+    Figure(
+        "task_app_cpu_us_per_decision",
+        "us",
+        "service_cpu_us_per_decision less the env's share (env steps per decision x "
+        "env_cpu_us_per_step): the task app's own CPU",
+        False,
+    ),
+    Figure(
+        "trace_cpu_us_per_decision",
+        "us",
+        "service_cpu_us_per_decision - service_untraced_cpu_us_per_decision",
+        False,
+    ),
+    Figure(
+        "trace_share_of_decision_cpu",
+        "fraction",
+        "trace_cpu_us_per_decision / service_cpu_us_per_decision",
+        False,
+    ),
+    Figure(
+        "floor_cpu_us_per_decision",
+        "us",
+        "the floor's CPU per decision on the same load: one raw aiohttp request per decision to the "
+        "same fake (the crafter-react request), the reply parsed by orjson, its actions stepped, "
+        "each turn kept and the group answered by orjson; one CPU",
+        False,
+    ),
+    Figure(
+        "floor_own_cpu_us_per_decision",
+        "us",
+        "floor_cpu_us_per_decision less the env's share, computed as for task_app_cpu_us_per_decision",
+        False,
+    ),
 )
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
 
@@ -154,6 +257,10 @@ class Ratio:
     denominator: str
     goal: float
     meaning: str
+    at_most: bool = False  # the goal is a ceiling (a cost), not a floor
+
+    def met(self, value: float) -> bool:
+        return value <= self.goal if self.at_most else value >= self.goal
 
 
 RATIOS: tuple[Ratio, ...] = (
@@ -165,6 +272,29 @@ RATIOS: tuple[Ratio, ...] = (
     ),
     Ratio("llm_bound_efficiency", "llm_bound", "llm_bound_ideal", 0.9, "achieved / ideal decisions/s"),
     Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.98, "traced / untraced"),
+    Ratio(
+        "http_vs_floor",
+        "http_steps_per_s_1worker",
+        "floor_http_steps_per_s",
+        0.7,
+        "one-process HTTP step rate / the floor's, same CPU",
+    ),
+    Ratio(
+        "decision_cpu_vs_floor",
+        "service_cpu_us_per_decision",
+        "floor_cpu_us_per_decision",
+        1.5,
+        "service CPU per decision / the floor's (at most)",
+        at_most=True,
+    ),
+    Ratio(
+        "trace_share_of_decision_cpu",
+        "trace_cpu_us_per_decision",
+        "service_cpu_us_per_decision",
+        0.05,
+        "tracing's share of the service's CPU per decision (at most)",
+        at_most=True,
+    ),
 )
 RATIO_KEYS = tuple(r.key for r in RATIOS)
 
@@ -233,19 +363,6 @@ class Samples:
 
     def add(self, key: str, value: float) -> None:
         self.values.setdefault(key, []).append(float(value))
-
-
-@contextlib.contextmanager
-def pinned(cpus: set[int] | None) -> Iterator[None]:
-    if cpus is None or not hasattr(os, "sched_getaffinity"):
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    pin(0, cpus)
-    try:
-        yield
-    finally:
-        pin(0, before)
 
 
 def _tracing_available() -> str | None:
@@ -370,7 +487,13 @@ class Bench:
                 traced = self._service(
                     "service-traced", fake0.base_url, workers=0, trace_db=str(self.workdir / "trace.db")
                 )
+            floor_server = self._start(
+                ChildServer(
+                    "floor", {"model": FAKE_MODEL}, cpus=self.layout.service, log=self._logfile("floor")
+                )
+            )
             servers = [server for server in (one, many, traced) if server is not None]
+            floor_server.wait_ready()
             for server in servers:
                 server.wait_ready()
             group_seeds = list(range(101, 101 + max(1, plan.llm_rollouts // plan.group_size)))
@@ -382,6 +505,7 @@ class Bench:
                         served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, hosts=hosts)
                     )
                     self._warm_up_groups(server, (fake0, fake200), group_seeds)
+                asyncio.run(served.warm_worlds(floor_server.base_url, [7]))
             for rep in range(plan.repeats):
                 self.log(f"repeat {rep + 1}/{plan.repeats}")
                 self._inproc(rep, group_seeds)
@@ -390,6 +514,7 @@ class Bench:
                     self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
                     self._fake_alone(fake200)
                     self._latencies(one, fake200)
+                    self._floor(rep, floor_server, fake0)
             self.log("live-env memory (fresh server)")
             self._memory(fake0.base_url)
         finally:
@@ -479,6 +604,36 @@ class Bench:
         self._check_run(f"llm_bound{suffix}", run)
         add(f"llm_bound{suffix}", run.decisions_per_s)
         self.log(f"    {run.decisions} decisions in {run.wall_s:.2f} s: {run.decisions_per_s:.0f}/s")
+        if not suffix:  # where the LLM-bound load's time goes (see docs/benchmark.md)
+            add("llm_bound_turn_ms", run.turn_ms)
+            add("llm_bound_call_ms", run.call_ms)
+            members = plan.llm_rollouts
+            add("llm_bound_outside_turns_s", max(0.0, run.wall_s - run.member_wall_s / max(1, members)))
+
+    def _floor(self, rep: int, floor_server: ChildServer, fake0: ChildServer) -> None:
+        """The floor's HTTP step rate, and the cost of one decision: service against floor."""
+        plan, add = self.plan, self.samples.add
+
+        def http() -> float:
+            url = floor_server.base_url
+            return asyncio.run(served.http_steps_per_s(url, plan.http_clients, plan.http_seconds, 7))
+
+        add("floor_http_steps_per_s", self._timed("floor_http_steps_per_s", http))
+        costs = self._timed(
+            "decision costs",
+            lambda: floor.decision_costs(
+                fake_url=fake0.base_url,
+                floor=floor_server,
+                workdir=self.workdir / "decision",
+                service_cpus=self.layout.service,
+                groups=plan.decision_groups,
+                group_size=plan.decision_group_size,
+                turns=plan.decision_turns,
+                traced_first=rep % 2 == 0,
+            ),
+        )
+        for key, value in costs.items():
+            add(key, value)
 
     def _fake_alone(self, fake200: ChildServer) -> None:
         plan = self.plan
@@ -592,7 +747,8 @@ class Bench:
                     value=value,
                     spread=[min(per_repeat), max(per_repeat)],
                     per_repeat=per_repeat,
-                    met=value >= ratio.goal,
+                    met=ratio.met(value),
+                    at_most=ratio.at_most,
                 )
             else:
                 entry.update(value=None, spread=None, per_repeat=[], met=None)

@@ -103,6 +103,18 @@ class GroupRun:
     wall_s: float
     failed: int
     stop_reasons: dict[str, int]
+    member_wall_s: float = 0.0  # summed over members: each member's own wall time
+    member_llm_s: float = 0.0  # summed over members: time in LLM calls (sent to reply handled)
+
+    @property
+    def turn_ms(self) -> float:
+        """A member's mean wall time per decision."""
+        return self.member_wall_s / max(1, self.decisions) * 1000.0
+
+    @property
+    def call_ms(self) -> float:
+        """A member's mean time per LLM call, from sending it to its reply being handled."""
+        return self.member_llm_s / max(1, self.decisions) * 1000.0
 
     @property
     def steps_per_s(self) -> float:
@@ -158,6 +170,7 @@ async def rollout_groups(
     wall = max(done for _, done in answers) - t0
     results = [json.loads(data) for data, _ in answers]
     steps = decisions = failed = 0
+    member_wall = member_llm = 0.0
     reasons: dict[str, int] = {}
     for group in results:
         for member in group["members"]:
@@ -168,8 +181,10 @@ async def rollout_groups(
                 continue
             steps += result["metrics"]["num_steps"]
             decisions += result["metrics"]["num_decisions"]
+            member_wall += result["metrics"]["wall_time_s"]
+            member_llm += result["metrics"]["llm_time_s"]
             reasons[result["stop_reason"]] = reasons.get(result["stop_reason"], 0) + 1
-    return GroupRun(steps, decisions, wall, failed, reasons)
+    return GroupRun(steps, decisions, wall, failed, reasons, member_wall, member_llm)
 
 
 # ------------------------------------------------------------------ snapshots and branching

@@ -15,16 +15,12 @@ the block or not: `inference.reasoning.split_reasoning` reads both, as vLLM's ``
 
 from __future__ import annotations
 
-import json
-import re
-import uuid
 from importlib import resources
-from typing import Any
 
 from inference.reasoning import THINK_CLOSE, THINK_OPEN
+from inference.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
-TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 SPECIAL_TOKENS = (END_OF_TEXT, IM_START, IM_END)
 # Single tokens that are not special (decoded as text, as in Qwen3's tokenizer).
@@ -32,40 +28,3 @@ FORMAT_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPO
 FORMAT_TOKENS += (THINK_OPEN, THINK_CLOSE)
 
 CHAT_TEMPLATE = resources.files("training.llm").joinpath("templates/qwen3.jinja").read_text(encoding="utf-8")
-
-
-_TOOL_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"\s*(.*?)\s*" + re.escape(TOOL_CALL_CLOSE), re.S)
-
-
-def parse_tool_calls(text: str) -> tuple[str | None, list[dict[str, Any]]]:
-    """Split a completion into its content and OpenAI-shaped tool calls (as vLLM's hermes parser).
-
-    A ``<tool_call>`` block whose body is not a JSON object with a string ``name`` stays in the
-    content, so the caller sees what the model wrote (and records ``no_tool_call``).
-    """
-    calls: list[dict[str, Any]] = []
-    kept: list[str] = []
-    last = 0
-    for match in _TOOL_CALL.finditer(text):
-        try:
-            body = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(body, dict) or not isinstance(body.get("name"), str):
-            continue
-        arguments = body.get("arguments", {})
-        calls.append(
-            {
-                "id": f"chatcmpl-tool-{uuid.uuid4().hex[:16]}",
-                "type": "function",
-                "function": {
-                    "name": body["name"],
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments),
-                },
-            }
-        )
-        kept.append(text[last : match.start()])
-        last = match.end()
-    kept.append(text[last:])
-    content = "".join(kept).strip() if calls else text
-    return (content or None), calls

@@ -114,6 +114,12 @@ class RLConfig(_Config):
         description="Stop after the step in which the decisions sampled (every member's, continuations "
         "included) reach this many: an equal budget for `group` and `tree` runs.",
     )
+    sequences: Literal["stream", "decision"] = Field(
+        default="stream",
+        description="`stream`: a rollout the policy played as token streams is trained as one sequence per "
+        "stream (one forward pass over the episode, loss on the sampled tokens); `decision`: one sequence "
+        "per decision (prompt + completion). Decisions outside any stream are always trained one by one.",
+    )
     aggregation: Literal["token", "sequence"] = Field(
         default="token", description="Loss averaged over all tokens, or per sequence then over sequences."
     )

@@ -34,6 +34,21 @@ class TokenBatch:
             completion[row, len(p) : n] = 1.0
         return cls(ids, attention, completion)
 
+    @classmethod
+    def from_rows(
+        cls, rows: Sequence[Sequence[int]], masks: Sequence[Sequence[float]], pad_id: int
+    ) -> TokenBatch:
+        """Right-padded whole sequences (token streams); ``masks`` marks the tokens trained on."""
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+        attention = torch.zeros((len(rows), width), dtype=torch.long)
+        trained = torch.zeros((len(rows), width), dtype=torch.float32)
+        for row, (r, m) in enumerate(zip(rows, masks, strict=True)):
+            ids[row, : len(r)] = torch.tensor(list(r), dtype=torch.long)
+            attention[row, : len(r)] = 1
+            trained[row, : len(r)] = torch.tensor(list(m), dtype=torch.float32)
+        return cls(ids, attention, trained)
+
 
 def token_logprobs(model: Any, batch: TokenBatch) -> torch.Tensor:
     """``logprobs[b, t]`` = log p(input_ids[b, t] | input_ids[b, :t]) (0 at t = 0), shape (B, T)."""

@@ -4,9 +4,13 @@ Each step asks the task app for ``groups_per_step`` GRPO groups of ``group_size`
 (``/rollout/group``, mode ``rl``), sampled by the model server that serves the current weights.
 A rollout's reward is the sum of its trajectories' rewards; advantages are group-relative
 (`training.grpo.group_advantages`; groups whose rewards are all equal carry no signal and are
-counted). Every decision of a rollout becomes one training sequence made of the server's own
-token ids (prompt + completion, never re-tokenized) with a mask over the completion, the
-sampler's logprobs as the old policy, and the rollout's advantage. The clipped objective is
+counted). A rollout played as token streams (``sequences = "stream"``, the default: the policy
+extends one stream per episode, `training.llm.streams`) is trained as one sequence per stream:
+one forward pass over the whole episode, the loss on the sampled tokens only, the sampler's
+logprobs as the old policy, each completion's advantage that of its turn (the rollout's, or with
+a fork plan its stretch's). Otherwise (``"decision"``, or a rollout without streams) every
+decision becomes one training sequence made of the server's own token ids (prompt + completion,
+never re-tokenized) with a mask over the completion. The clipped objective is
 `training.grpo.policy_loss` (optionally with a k3 KL to the start model). After the update the
 weights are saved and loaded into the running server (vLLM or serve-model, through vLLM's
 weight-sync routes: `training.llm.weight_sync`) as the next weights version, which the policies
@@ -31,6 +35,7 @@ import random
 import shutil
 import statistics
 import time
+import urllib.parse
 from bisect import bisect_right
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,6 +50,7 @@ from training.llm.logprobs import TokenBatch, token_logprobs
 from training.llm.model import load
 from training.llm.rl_async import group_source, span_fidelity
 from training.llm.run import RunDir, rng_state, save_weights, set_rng_state
+from training.llm.streams import Span, TokenStream, TrainRow, stream_row
 from training.llm.weight_sync import WeightSync
 
 
@@ -68,16 +74,53 @@ class Sample:
     run_id: str
     turn: int
 
+    def row(self) -> TrainRow:
+        p, c = len(self.prompt_ids), len(self.completion_ids)
+        return TrainRow(
+            self.prompt_ids + self.completion_ids,
+            [0.0] * p + [1.0] * c,
+            [0.0] * p + list(self.old_logprobs),
+            [self.advantage] * (p + c),
+        )
+
+
+@dataclass
+class StreamSample:
+    """One token stream to train on: an episode (or segment) as one sequence."""
+
+    train: TrainRow
+    group: int
+    member: int
+    weights_version: int | None
+    run_id: str
+    turn: int  # its first sampled turn
+
+    def row(self) -> TrainRow:
+        return self.train
+
 
 @dataclass
 class Batch:
-    samples: list[Sample]
+    samples: list[Sample | StreamSample]
     rewards: list[float]
     group_ids: list[int]
     stats: Counter[str]
 
 
 # ----------------------------------------------------------------------------- the rollouts
+
+
+def stream_tokenizer(config: RLConfig) -> str | None:
+    """The tokenizer the policy renders its token streams with, when the trainer names it: with
+    ``sequences = "stream"``, a task app on this machine and a policy config that names none (nor
+    ``token_stream: "off"``), the checkpoint trained from (its tokenizer never changes)."""
+    policy = config.policy_config
+    if config.sequences != "stream" or "tokenizer" in policy or policy.get("token_stream") == "off":
+        return None
+    if urllib.parse.urlsplit(config.task_app_url).hostname not in ("127.0.0.1", "localhost", "::1"):
+        return None
+    path = Path(config.model)
+    return str(path.resolve()) if (path / "config.json").is_file() else None
 
 
 def group_request(
@@ -88,6 +131,8 @@ def group_request(
         "inference_url": config.model_server_url,
         "model": served_model,
     }
+    if (tokenizer := stream_tokenizer(config)) is not None:
+        policy_config["tokenizer"] = tokenizer
     return {
         "group_id": f"grpo-s{step}-g{index}-{random.getrandbits(32):08x}",
         "group_size": config.group_size,
@@ -219,16 +264,20 @@ def tree_credit(groups: list[dict[str, Any]], config: RLConfig, stats: Counter[s
 
 
 def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
-    """Advantages (`group_credit` or `tree_credit`), and one sample per recorded decision: an
+    """Advantages (`group_credit` or `tree_credit`), then the training sequences: one per token
+    stream (``sequences = "stream"``), and one per recorded decision outside any stream. An
     invalid turn's completion is the sampler's as much as a valid one's, so it is trained on with
     its advantage (the format penalty is what makes it worse than a valid turn)."""
     stats: Counter[str] = Counter()
     credit = (tree_credit if config.advantage == "tree" else group_credit)(groups, config, stats)
     stats["groups"] = len(groups)
-    samples: list[Sample] = []
+    samples: list[Sample | StreamSample] = []
+    streamed: set[tuple[str, int]] = set()
+    if config.sequences == "stream":
+        samples += _stream_samples(groups, credit, config, version, stats, streamed)
     for advantage, g, member, run_id, step in credit.decisions:
         llm = step.get("llm")
-        if llm is None:
+        if llm is None or (run_id, step["turn"]) in streamed:
             continue
         ids, completion, logprobs = (
             llm.get("prompt_token_ids"),
@@ -250,43 +299,95 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
     return Batch(samples, credit.rewards, credit.group_ids, stats)
 
 
-# ------------------------------------------------------------------------------- the update
+def _stream_samples(
+    groups: list[dict[str, Any]],
+    credit: Credit,
+    config: RLConfig,
+    version: int,
+    stats: Counter[str],
+    streamed: set[tuple[str, int]],
+) -> list[StreamSample]:
+    """One sample per token stream of the played members; the (run id, turn) of every span
+    trained this way is added to ``streamed`` (those decisions are not trained again alone)."""
+    of_turn = {(run_id, step["turn"]): (adv, g, m) for adv, g, m, run_id, step in credit.decisions}
 
+    def fresh(span: Span) -> bool:
+        return span.weights_version is None or version - span.weights_version <= config.max_staleness
 
-def _micro_batches(samples: list[Sample], size: int, pad_id: int) -> list[tuple[list[Sample], TokenBatch]]:
-    out = []
-    for i in range(0, len(samples), size):
-        chunk = samples[i : i + size]
-        tokens = TokenBatch.build([s.prompt_ids for s in chunk], [s.completion_ids for s in chunk], pad_id)
-        out.append((chunk, tokens))
+    out: list[StreamSample] = []
+    for group in groups:
+        for member in group["members"]:
+            result, run_id = member.get("result"), member.get("run_id")
+            if member.get("status") == "failed" or not result:
+                continue
+            for trajectory in result["trajectories"]:
+                for data in trajectory.get("streams") or []:
+                    try:
+                        stream = TokenStream.from_json(data)
+                    except (KeyError, TypeError, ValueError):
+                        stats["streams_malformed"] += 1
+                        continue
+                    turns = [s.turn for s in stream.spans if (run_id, s.turn) in of_turn]
+                    streamed.update((run_id, t) for t in turns)
+                    if not turns:
+                        continue
+                    advantages = {t: of_turn[(run_id, t)][0] for t in turns}
+                    row, stale = stream_row(stream, advantages.get, fresh)
+                    stats["stale_samples"] += stale
+                    if row is None:
+                        continue
+                    if config.kl_coef == 0 and not any(row.advantages):
+                        stats["zero_advantage_samples"] += 1
+                        continue
+                    _, g, m = of_turn[(run_id, turns[0])]
+                    versions = [s.weights_version for s in stream.spans if s.weights_version is not None]
+                    out.append(StreamSample(row, g, m, min(versions, default=None), run_id, turns[0]))
+                    stats["streams"] += 1
     return out
 
 
-def _aligned_old_logprobs(chunk: list[Sample], tokens: TokenBatch) -> torch.Tensor:
-    old = torch.zeros_like(tokens.completion_mask)
-    for row, s in enumerate(chunk):
-        start = len(s.prompt_ids)
-        old[row, start : start + len(s.completion_ids)] = torch.tensor(s.old_logprobs, dtype=torch.float32)
-    return old
+# ------------------------------------------------------------------------------- the update
+
+
+@dataclass
+class _Chunk:
+    tokens: TokenBatch
+    old: torch.Tensor  # (B, T) the sampler's logprobs where trained, else 0
+    advantages: torch.Tensor  # (B, T)
+    rows: int
+
+
+def _micro_batches(samples: list[Sample | StreamSample], size: int, pad_id: int) -> list[_Chunk]:
+    out = []
+    for i in range(0, len(samples), size):
+        rows = [s.row() for s in samples[i : i + size]]
+        tokens = TokenBatch.from_rows([r.ids for r in rows], [r.mask for r in rows], pad_id)
+        old = torch.zeros_like(tokens.completion_mask)
+        advantages = torch.zeros_like(tokens.completion_mask)
+        for b, r in enumerate(rows):
+            old[b, : len(r.ids)] = torch.tensor(r.old_logprobs, dtype=torch.float32)
+            advantages[b, : len(r.ids)] = torch.tensor(r.advantages, dtype=torch.float32)
+        out.append(_Chunk(tokens, old, advantages, len(rows)))
+    return out
 
 
 def update(
     model: Any,
     ref_model: Any | None,
     optimizer: torch.optim.Optimizer,
-    samples: list[Sample],
+    samples: list[Sample | StreamSample],
     config: RLConfig,
     pad_id: int,
 ) -> dict[str, float]:
     """``updates_per_step`` optimizer steps on the batch; the metrics of the last, and the
     fidelity of the first forward pass (before any step: the weights that sampled the batch)."""
     batches = _micro_batches(samples, config.micro_batch, pad_id)
-    total_tokens = sum(float(t.completion_mask.sum()) for _, t in batches)
+    total_tokens = sum(float(c.tokens.completion_mask.sum()) for c in batches)
     ref_lp: list[torch.Tensor | None] = []
-    for _, tokens in batches:
+    for chunk in batches:
         if ref_model is not None:
             with torch.no_grad():
-                ref_lp.append(token_logprobs(ref_model, tokens))
+                ref_lp.append(token_logprobs(ref_model, chunk.tokens))
         else:
             ref_lp.append(None)
     fidelity: list[float] = []
@@ -294,18 +395,17 @@ def update(
     for epoch in range(config.updates_per_step):
         optimizer.zero_grad(set_to_none=True)
         sums: Counter[str] = Counter()
-        for (chunk, tokens), ref in zip(batches, ref_lp, strict=True):
-            new = token_logprobs(model, tokens)
-            old = _aligned_old_logprobs(chunk, tokens)
-            mask = tokens.completion_mask
+        for chunk, ref in zip(batches, ref_lp, strict=True):
+            new = token_logprobs(model, chunk.tokens)
+            old = chunk.old
+            mask = chunk.tokens.completion_mask
             if epoch == 0:
                 diff = ((new.detach() - old).abs() * mask).max()
                 fidelity.append(float(diff))
-            advantages = torch.tensor([s.advantage for s in chunk], dtype=torch.float32)
             result = policy_loss(
                 new,
                 old,
-                advantages,
+                chunk.advantages,
                 mask,
                 clip_eps=config.clip_eps,
                 clip_eps_high=config.clip_eps_high,
@@ -316,7 +416,7 @@ def update(
             share = (
                 float(mask.sum()) / total_tokens
                 if config.aggregation == "token"
-                else len(chunk) / len(samples)
+                else chunk.rows / len(samples)
             )
             (result.loss * share).backward()
             for key, value in result.metrics().items():
@@ -327,6 +427,10 @@ def update(
         metrics["grad_norm"] = round(grad_norm, 6)
     metrics["logprob_max_abs_diff"] = max(fidelity) if fidelity else 0.0
     metrics["trained_tokens"] = int(total_tokens)
+    # What one pass over the batch feeds the model (prompts included): per-decision sequences
+    # repeat each turn's history, streams hold it once.
+    metrics["forward_tokens"] = int(sum(int(c.tokens.attention_mask.sum()) for c in batches))
+    metrics["sequences"] = len(samples)
     return metrics
 
 
@@ -450,6 +554,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                 **{k: batch.stats.get(k, 0) for k in ("groups", "groups_all_equal", "members_failed")},
                 **{k: batch.stats.get(k, 0) for k in ("subgroups", "subgroups_all_equal", "continuations")},
                 **{k: batch.stats.get(k, 0) for k in ("stale_samples", "decisions_without_tokens")},
+                "streams": batch.stats.get("streams", 0),
                 "group_requests_failed": len(errors),
                 **source_stats,
             }

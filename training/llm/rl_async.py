@@ -180,11 +180,18 @@ def span_fidelity(
 ) -> tuple[float, Counter[str]]:
     """The largest |sampler logprob − trainer logprob| over ``samples``, each recomputed under the
     weights of the version that sampled it: the live ``model`` for ``version``, the saved
-    ``weights_dir/step-{v}`` for an older ``v`` (a version no longer on disk is counted, unchecked)."""
+    ``weights_dir/step-{v}`` for an older ``v``. A sample's ``weights_version`` is exact for a
+    decision; for a token stream it is its oldest span's, so a stream sampled before ``version``
+    (which may span a push) is counted unchecked, as is a version no longer on disk."""
     by_version: dict[int, list[Any]] = {}
+    stats: Counter[str] = Counter()
     for s in samples:
-        by_version.setdefault(s.weights_version if s.weights_version is not None else version, []).append(s)
-    worst, stats = 0.0, Counter[str]()
+        v = s.weights_version if s.weights_version is not None else version
+        if v != version and hasattr(s, "train"):  # a stream begun under older weights
+            stats["fidelity_unchecked_samples"] += 1
+            continue
+        by_version.setdefault(v, []).append(s)
+    worst = 0.0
     for v, group in sorted(by_version.items()):
         if v == version:
             scorer = model
@@ -195,14 +202,13 @@ def span_fidelity(
             continue
         with torch.no_grad():
             for i in range(0, len(group), 8):
-                chunk = group[i : i + 8]
-                prompts, completions = [s.prompt_ids for s in chunk], [s.completion_ids for s in chunk]
-                tokens = TokenBatch.build(prompts, completions, pad_id)
+                rows = [s.row() for s in group[i : i + 8]]
+                tokens = TokenBatch.from_rows([r.ids for r in rows], [r.mask for r in rows], pad_id)
                 new = token_logprobs(scorer, tokens)
-                for row, s in enumerate(chunk):
-                    start = len(s.prompt_ids)
-                    mine = new[row, start : start + len(s.completion_ids)]
-                    gap = (mine - torch.tensor(s.old_logprobs, dtype=mine.dtype)).abs().max()
-                    worst = max(worst, float(gap))
+                old = torch.zeros_like(new)
+                for j, r in enumerate(rows):
+                    old[j, : len(r.ids)] = torch.tensor(r.old_logprobs, dtype=new.dtype)
+                gap = ((new - old).abs() * tokens.completion_mask).max()
+                worst = max(worst, float(gap))
         stats["fidelity_checked_samples"] += len(group)
     return worst, stats

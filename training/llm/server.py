@@ -2,7 +2,8 @@
 
 It answers what the task app and the trainer use of vLLM, the same way vLLM 0.32 does
 (tests/test_vllm_parity.py sends the same requests to both): ``GET /v1/models``,
-``POST /v1/chat/completions`` and ``GET /health``, and vLLM's RL weight-sync routes (served by
+``POST /v1/chat/completions``, ``POST /v1/completions`` (a text or token-id prompt: what a
+token-in/token-out rollout sends) and ``GET /health``, and vLLM's RL weight-sync routes (served by
 vLLM with ``VLLM_SERVER_DEV_MODE=1``): ``POST /pause``, ``POST /resume``, ``GET /is_paused``,
 ``POST /collective_rpc`` (method ``reload_weights`` with ``kwargs.weights_path``),
 ``POST /update_weight_version`` and ``GET /weight_info``. So a GRPO trainer drives either
@@ -46,9 +47,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from inference.completions import chat_choice, completion_budget, context_error, error_body
+from inference.completions import (
+    chat_choice,
+    check_token_prompt,
+    completion_budget,
+    context_error,
+    error_body,
+    text_choice,
+)
 from inference.reasoning import split_reasoning
-from training.llm.chat import parse_tool_calls
+from inference.tool_calls import parse_tool_calls
 from training.llm.model import load, stop_token_ids
 from training.llm.sampling import Sample, Sampler, SampleRequest
 
@@ -126,6 +134,39 @@ class ChatRequest(BaseModel):
         return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
 
 
+class CompletionRequest(BaseModel):
+    """The fields of vLLM's ``/v1/completions`` request this server honours: one prompt, as text or
+    token ids (a token-in/token-out rollout sends the exact stream it extends), sampled as a chat is."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    prompt: str | list[int] | list[list[int]] | list[str]
+    n: int = Field(default=1, ge=1, le=64)
+    seed: int | None = Field(default=None, ge=0, le=2**62)
+    temperature: float = Field(default=1.0, ge=0, le=10)
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    max_tokens: int | None = Field(default=16, ge=1)
+    stop: str | list[str] | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    return_token_ids: bool = False
+    stream: bool = False
+    echo: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> CompletionRequest:
+        if self.stream:
+            raise ValueError("stream: streaming is not supported by this server")
+        if self.echo:
+            raise ValueError("echo: not supported by this server")
+        return self
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop if s]
+
+
 # ------------------------------------------------------------------------------------- engine
 
 
@@ -196,6 +237,22 @@ class ModelEngine:
         except Exception as exc:  # a template error is the request's fault
             raise ServeError(f"cannot render the chat template: {exc}") from None
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def completion_prompt_ids(self, req: CompletionRequest) -> list[int]:
+        """The ids of a completions prompt: as sent, or the text encoded (special tokens read as
+        such, no BOS added: Qwen3's tokenizer adds none)."""
+        try:
+            ids = check_token_prompt(req.prompt, len(self.tokenizer))
+        except ValueError as exc:
+            raise ServeError(f"prompt: {exc}") from None
+        if ids is not None:
+            return ids
+        text = req.prompt if isinstance(req.prompt, str) else req.prompt[0]
+        assert isinstance(text, str)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+        if not ids:
+            raise ServeError("prompt: the prompt is empty")
+        return ids
 
     # ---- sampling ---------------------------------------------------------------------------
 
@@ -585,6 +642,58 @@ def create_model_app(engine: ModelEngine, *, trust_request_chat_template: bool =
         if req.return_token_ids:
             body["prompt_token_ids"] = prompt
         return JSONResponse(body)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> JSONResponse:
+        """vLLM's completions API over a token-id (or text) prompt: what a token-in/token-out
+        rollout sends (the stream so far), answered with the completion's text, ``token_ids`` and
+        per-token logprobs as vLLM 0.32 answers them."""
+        if req.model and req.model not in (engine.served_name, str(engine.path)):
+            raise ServeError(f"The model `{req.model}` does not exist.", 404, "NotFoundError")
+        prompt = engine.completion_prompt_ids(req)
+        limit = engine.sampler.max_positions
+        if refused := context_error(len(prompt), req.max_tokens, limit):
+            raise ServeError(refused)
+        sample_req = SampleRequest(
+            prompt_ids=prompt,
+            max_tokens=completion_budget(len(prompt), req.max_tokens, limit),
+            n=req.n,
+            temperature=req.temperature,
+            top_p=req.top_p,
+            seed=req.seed,
+            stop=req.stops(),
+        )
+        samples = await engine.sample(sample_req)
+        tokenizer = engine.tokenizer
+        choices = [
+            text_choice(
+                i,
+                s.text,
+                s.finish_reason,
+                s.token_ids,
+                s.logprobs,
+                [tokenizer.decode([t]) for t in s.token_ids] if req.logprobs is not None else [],
+                prompt_ids=prompt,
+                with_logprobs=req.logprobs is not None,
+                with_token_ids=req.return_token_ids,
+            )
+            for i, s in enumerate(samples)
+        ]
+        completion_tokens = sum(len(s.token_ids) for s in samples)
+        return JSONResponse(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": engine.served_name,
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": len(prompt),
+                    "completion_tokens": completion_tokens,
+                    "total_tokens": len(prompt) + completion_tokens,
+                },
+            }
+        )
 
     # ---- vLLM's RL routes (VLLM_SERVER_DEV_MODE=1): bodies and answers as vLLM 0.32's -----------
 

@@ -3,7 +3,9 @@ the assistant tokens only (`assistant_mask`), with checkpoints that resume exact
 optimizer, schedule, data position, RNG), a metrics file and curves.
 
 Each line is ``{"messages": [...], "tools": [...]}``; it is rendered with the checkpoint's own
-chat template, so the tokens trained on are the ones the model server will see at inference.
+chat template, so the tokens trained on are the ones the model server will see at inference. A
+token stream's line (``export-sft --streams``: ``{"token_ids": [...], "sampled": [...]}``) is
+taken as it is: the exact tokens, the loss on the ones the model sampled.
 """
 
 from __future__ import annotations
@@ -67,6 +69,16 @@ def assistant_mask(
     return ids, mask
 
 
+def stream_example(row: dict[str, Any], vocab_size: int) -> tuple[list[int], list[int]]:
+    """A token stream's ids and its ``sampled`` mask, checked (ValueError when they do not fit)."""
+    ids, sampled = row["token_ids"], row["sampled"]
+    if not isinstance(ids, list) or not isinstance(sampled, list) or len(ids) != len(sampled):
+        raise ValueError("token_ids and sampled must be lists of one length")
+    if not all(type(t) is int and 0 <= t < vocab_size for t in ids) or not set(sampled) <= {0, 1}:
+        raise ValueError("token ids outside the vocabulary, or a sampled mask that is not 0/1")
+    return ids, sampled
+
+
 def load_examples(path: Path, tokenizer: Any, max_length: int) -> tuple[list[Example], Counter[str]]:
     """Tokenize every line with the chat template; skipped lines are counted by reason."""
     examples: list[Example] = []
@@ -77,7 +89,10 @@ def load_examples(path: Path, tokenizer: Any, max_length: int) -> tuple[list[Exa
                 continue
             try:
                 row = json.loads(line)
-                ids, mask = assistant_mask(tokenizer, row["messages"], row.get("tools") or None)
+                if "token_ids" in row:
+                    ids, mask = stream_example(row, len(tokenizer))
+                else:
+                    ids, mask = assistant_mask(tokenizer, row["messages"], row.get("tools") or None)
             except (ValueError, KeyError, TypeError) as exc:
                 skipped[f"invalid: {type(exc).__name__}"] += 1
                 continue

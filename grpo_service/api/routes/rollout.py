@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import Path
+import orjson
+from fastapi import Path, Response
 
 from grpo_service.api.listing import PageDep, listed_run, paginate, run_progress, run_progress_fields
 from grpo_service.api.routes import service_router
@@ -92,12 +93,12 @@ async def run_abort(req: RunAbortRequest, services: ServicesDep) -> RunAbortResp
 async def run_status(
     run_id: Annotated[str, Path(description="A rollout's, group's or group member's run id.")],
     services: ServicesDep,
-) -> RunStatusResponse:
+) -> Response:
     """Status, progress and timings of a run; the full result once it has finished."""
     run = services.registry.runs.get(run_id)
     members = run.member_runs
     ops, llm_s, env_s = run_progress(run, members)
-    return RunStatusResponse(
+    status = RunStatusResponse(
         **run_progress_fields(run, ops),
         timings={"llm_s": round(llm_s, 6), "env_s": round(env_s, 6)},
         error=run.error,
@@ -113,8 +114,11 @@ async def run_status(
             )
             for m in members
         ],
-        result=run.result,
+        result_evicted=run.result_evicted,
     )
+    # The result is kept as JSON: spliced in as it is, neither parsed nor serialized again.
+    body = status.model_dump(mode="json") | {"result": orjson.Fragment(run.result or b"null")}
+    return Response(orjson.dumps(body), media_type="application/json")
 
 
 @router.get("/run/list", response_model=RunList, responses=error_responses(422))

@@ -31,7 +31,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
 
 from envs.base import StepResult
-from envs.errors import PluginError
+from envs.errors import EpisodeOver, InvalidAction, PluginError
 from grpo_service.api.auth import require_api_key
 from grpo_service.api.services import Services
 from grpo_service.errors import ServiceError, error_body
@@ -131,7 +131,19 @@ class Game:
         return handle.last
 
     async def step(self, idx: int, session: AgentGymId, action: str) -> StepResult:
-        return await self.services.envs.step(self.env_id(idx, session), actions=[action])
+        """One action. AgentGym's servers answer every string; one the env refuses (longer than
+        any command) is answered so too: the game as it stands with the env's message as the
+        observation, reward 0, the score kept (`StepResult.refusal`, as OpenEnv's socket answers it)."""
+        env_id = self.env_id(idx, session)
+        try:
+            return await self.services.envs.step(env_id, actions=[action])
+        except InvalidAction as exc:
+            now = await self.observe(idx, session)
+            if now.done:  # after the episode's end every step is refused alike
+                raise EpisodeOver("the episode is over: reset first") from None
+            refused = now.refusal(str(exc))
+            refused.info["score"] = now.info.get("score", 0)
+            return refused
 
     async def begin(
         self, idx: int, data_idx: int, reply: Callable[[StepResult], dict[str, Any]]
@@ -430,7 +442,8 @@ def _babyai_reply(result: StepResult) -> dict[str, Any]:
 
 
 def _sciworld_reply(result: StepResult) -> dict[str, Any]:
-    observation, score = result.observation["observation"], int(result.info["score"])
+    observation = result.info.get("invalid_action", result.observation["observation"])
+    score = int(result.info["score"])
     return {"observation": observation, "reward": int(result.reward), "score": score, "done": result.done}
 
 

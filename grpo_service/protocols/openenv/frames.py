@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Any
+from typing import Annotated, Any, Literal
 
 from fastapi.encoders import jsonable_encoder
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
-from grpo_service.models import RunId, Seed
+from envs.base import Environment
+from grpo_service.models import EnvAction, RunId, Seed
 
 
 class ErrorCode(StrEnum):
@@ -75,6 +76,20 @@ class ResetOptions(BaseModel):
         return dict(self.model_extra or {})
 
 
+# A step frame's action: a text action of any length (the frame's size bounds it), so that a
+# model's long reply is the env's to refuse, answered as an invalid action, not an error frame.
+FrameAction = str | Annotated[int, Field(strict=True, ge=0, le=2**31)]
+
+
+class StepData(EnvAction):
+    """A ``step`` frame's data: `EnvAction`'s fields, its text actions not capped in length."""
+
+    action: FrameAction | None = Field(default=None, description="One action, by name, index or text.")
+    actions: list[FrameAction] | None = Field(
+        default=None, min_length=1, max_length=64, description="Actions run in order (stops at episode end)."
+    )
+
+
 class Observation(BaseModel):
     """What an ``observation`` frame's ``data.observation`` holds: the env's observation (``text``,
     the rendering an LLM reads, and the env's structured fields) and ``metadata``."""
@@ -95,8 +110,9 @@ class State(BaseModel):
 
     episode_id: str | None = Field(description="The reset's `episode_id` (or a generated one).")
     step_count: int = Field(ge=0, description="Step frames (and tool calls) since the reset.")
-    env_id: str = Field(
-        description="The service's env: /env/snapshot, /branch, /env/list and /rollout take this id."
+    env_id: str | None = Field(
+        description="The service's env: /env/snapshot, /branch, /env/list and /rollout take this id "
+        "(null until the socket's first reset or step builds it)."
     )
     env_name: str = Field(description="The environment plug-in.")
     session_id: str = Field(description="This session (MCP's `session_id`).")
@@ -119,12 +135,53 @@ class Metadata(BaseModel):
 
 
 class Schemas(BaseModel):
-    """``GET /schema``: JSON schemas of a step's data, an observation and a state."""
+    """``GET /schema``: JSON schemas of the env's own action (a step's data), observation (and the
+    reset's, which adds the env's ``vocabulary``) and state, as OpenEnv publishes an env's classes."""
 
-    action: dict[str, Any]
-    observation: dict[str, Any]
-    state: dict[str, Any]
-    reset_observation: dict[str, Any] | None = None
+    action: dict[str, Any] = Field(description="A step's data: `action`, one action as a model writes it.")
+    observation: dict[str, Any] = Field(description="An observation frame's `observation`.")
+    state: dict[str, Any] = Field(description="A state frame's data.")
+    reset_observation: dict[str, Any] | None = Field(default=None, description="A reset's `observation`.")
+
+
+class ResetObservation(Observation):
+    vocabulary: str = Field(
+        description="The actions this env takes, as a model is told of them; the reset's `text` ends with it."
+    )
+
+
+def env_schemas(cls: type[Environment]) -> Schemas:
+    """The `Schemas` of environment ``cls``: its action (the field it needs required, its
+    vocabulary, its examples), its observation's fields and its state."""
+    title = cls.__name__.removesuffix("Env")
+    action = {
+        "title": f"{title}Action",
+        "description": f"One step of {cls.name}: `action`, one action as a model writes it. A step "
+        "frame takes `actions` (a list run in order) or `tool_calls` instead of it, too.",
+        "type": "object",
+        "properties": {
+            "action": cls.action_schema(),
+            "metadata": {
+                "type": "object",
+                "description": "Accepted and ignored (every OpenEnv Action has it).",
+            },
+        },
+        "required": ["action"],
+        "examples": [{"action": example} for example in cls.action_examples],
+    }
+    doc = f"A {cls.name} observation: `text`, the env's fields, and OpenEnv's `metadata`, `done`, `reward`."
+    observation = type(f"{title}Observation", (Observation, cls.observation_model), {"__doc__": doc})
+    reset = type(f"{title}ResetObservation", (ResetObservation, cls.observation_model), {"__doc__": doc})
+    env_name = (Literal[cls.name], Field(description="The environment plug-in."))  # type: ignore[valid-type]
+    state = create_model(
+        f"{title}State", __base__=State, __doc__=f"A {cls.name} session's state.", env_name=env_name
+    )
+    return Schemas(
+        action=action,
+        observation=observation.model_json_schema(),
+        state=state.model_json_schema(),
+        reset_observation=reset.model_json_schema(),
+    )
 
 
 class HealthStatus(BaseModel):

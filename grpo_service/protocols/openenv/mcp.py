@@ -118,7 +118,7 @@ def _session(sessions: Sessions, session_id: str | None) -> OpenEnvSession:
             RpcCode.INVALID_PARAMS,
             "'session_id' is required: a tool call steps a live env; open one with openenv/session/create",
         )
-    return sessions.get(session_id)
+    return sessions.unowned(session_id)
 
 
 def _params(model: type[Any], params: dict[str, Any]) -> Any:

@@ -31,16 +31,14 @@ from grpo_service.api.auth import check_key, require_api_key
 from grpo_service.api.limits import strict_json
 from grpo_service.api.services import Services
 from grpo_service.errors import ServiceError, Unauthorized, error_body
-from grpo_service.models import EnvAction
 from grpo_service.protocols.openenv import mcp
 from grpo_service.protocols.openenv.frames import (
     ErrorCode,
     FrameError,
     HealthStatus,
     Metadata,
-    Observation,
     Schemas,
-    State,
+    env_schemas,
 )
 from grpo_service.protocols.openenv.links import CAPACITY_CLOSE, ClusterLink, LinkRequest, LocalLink, Outcome
 from grpo_service.protocols.openenv.sessions import Sessions
@@ -182,15 +180,12 @@ def openenv_server(env_name: str, services: Services, app: FastAPI) -> FastAPI:
             config_schema=cls.config_model.model_json_schema(),
         )
 
+    schemas = env_schemas(cls)
+
     @server.get("/schema", response_model=Schemas, tags=["openenv"])
     async def schema() -> Schemas:
-        """JSON schemas of a step frame's data, an observation and a state."""
-        return Schemas(
-            action=EnvAction.model_json_schema(),
-            observation=Observation.model_json_schema(),
-            state=State.model_json_schema(),
-            reset_observation=Observation.model_json_schema(),
-        )
+        """JSON schemas of this env's action (a step frame's data), observation and state."""
+        return schemas
 
     @server.post("/mcp", tags=["openenv"], dependencies=[Depends(require_api_key)])
     async def mcp_endpoint(request: Request) -> JSONResponse:

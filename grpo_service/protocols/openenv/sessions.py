@@ -20,16 +20,16 @@ from typing import Any, TypeVar
 from pydantic import ValidationError
 
 from envs.base import Environment, StepResult, environment_class
-from envs.errors import InvalidConfig, PluginError
+from envs.errors import InvalidAction, InvalidConfig, PluginError
 from grpo_service.api.services import Services
 from grpo_service.core.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
-from grpo_service.models import EnvAction
 from grpo_service.protocols.openenv.frames import (
     ErrorCode,
     FrameError,
     ResetOptions,
     State,
+    StepData,
     validation_failed,
 )
 from grpo_service.tracing.episodes import EpisodeRecorder
@@ -44,8 +44,8 @@ CLIENT = "openenv"  # the policy name of traced episodes
 @dataclass(eq=False)
 class OpenEnvSession:
     id: str
-    env_id: str
-    recorder: EpisodeRecorder
+    env_id: str | None  # a socket's own session: None until a frame needs an env (reset, step)
+    recorder: EpisodeRecorder | None  # the episode under way, once there is an env
     episode_id: str
     step_count: int = 0
     socket_owned: bool = False  # opened by its WebSocket: ends with it
@@ -67,28 +67,47 @@ class Sessions:
     # ------------------------------------------------------------------------------- lifecycle
 
     async def open(self, *, seed: int | None = None, socket_owned: bool = False) -> OpenEnvSession:
-        """A new session over a new env (``CAPACITY_REACHED`` when the service is full)."""
+        """A new session. MCP's (``openenv/session/create``) comes with its env; a WebSocket's own
+        gets one from its first frame that needs it (reset, step, a tool call), so a silent socket
+        holds none. Either is refused (``CAPACITY_REACHED``) when the service has no room for an env."""
         self._forget_expired()
+        session = OpenEnvSession(
+            id=new_instance_id(),
+            env_id=None,
+            recorder=None,
+            episode_id=uuid.uuid4().hex,
+            socket_owned=socket_owned,
+        )
+        if socket_owned:
+            try:
+                self.services.registry.envs.reserve()
+            except CapacityExceeded as exc:
+                raise self.capacity_error(exc) from None
+        else:
+            await self._build(session, None, seed, RL_RUN_ID)
+        self._sessions[session.id] = session
+        return session
+
+    async def _build(
+        self, session: OpenEnvSession, config: dict[str, Any] | None, seed: int | None, rl_run_id: str
+    ) -> EnvHandle:
+        """The session's first env (``CAPACITY_REACHED`` when the service is full, ``FACTORY_ERROR``
+        when it cannot be built)."""
         try:
-            handle = await self.services.envs.create(self.env_name, None, seed, RL_RUN_ID)
+            handle = await self.services.envs.create(self.env_name, config, seed, rl_run_id)
         except CapacityExceeded as exc:
             raise self.capacity_error(exc) from None
+        except (InvalidConfig, Unprocessable) as exc:
+            raise FrameError(ErrorCode.VALIDATION_ERROR, _message(exc)) from None
         except (PluginError, ServiceError) as exc:
             raise FrameError(ErrorCode.FACTORY_ERROR, _message(exc), factory_name=self.env_name) from None
         except Exception as exc:  # an env that fails to build must not take the socket down unanswered
             log.exception("OpenEnv session: building %s failed", self.env_name)
             message = f"{type(exc).__name__}: {exc}"
             raise FrameError(ErrorCode.FACTORY_ERROR, message, factory_name=self.env_name) from None
-        episode_id = uuid.uuid4().hex
-        session = OpenEnvSession(
-            id=new_instance_id(),
-            env_id=handle.id,
-            recorder=self._recorder(handle, RL_RUN_ID, episode_id),
-            episode_id=episode_id,
-            socket_owned=socket_owned,
-        )
-        self._sessions[session.id] = session
-        return session
+        session.env_id = handle.id
+        session.recorder = self._recorder(handle, rl_run_id, session.episode_id)
+        return handle
 
     def capacity_error(self, exc: CapacityExceeded) -> FrameError:
         envs = self.services.registry.envs
@@ -114,13 +133,27 @@ class Sessions:
         return session
 
     def attach(self, session_id: str) -> OpenEnvSession:
-        """A WebSocket takes over session ``session_id`` (one socket at a time)."""
-        session = self.get(session_id)
+        """A WebSocket takes over MCP session ``session_id`` (one socket at a time); a session a
+        WebSocket opened is that socket's alone."""
+        session = self.unowned(session_id)
         if session.socket_attached:
             raise FrameError(
                 ErrorCode.SESSION_ERROR, f"session {session_id} already has a WebSocket attached", fatal=True
             )
         session.socket_attached = True
+        return session
+
+    def unowned(self, session_id: str) -> OpenEnvSession:
+        """Session ``session_id`` for a caller other than a socket that opened it (an attaching
+        socket, MCP by id): ``SESSION_ERROR`` if a WebSocket opened it, which alone plays it."""
+        session = self.get(session_id)
+        if session.socket_owned:
+            raise FrameError(
+                ErrorCode.SESSION_ERROR,
+                f"session {session_id} belongs to the WebSocket that opened it; only MCP sessions "
+                "(openenv/session/create) can be attached to or called by id",
+                fatal=True,
+            )
         return session
 
     async def release(self, session: OpenEnvSession, reason: str) -> None:
@@ -137,7 +170,8 @@ class Sessions:
         session.closed = True
         self._sessions.pop(session.id, None)
         self._submit(session, reason)
-        await self.services.envs.terminate(session.env_id)
+        if session.env_id is not None:
+            await self.services.envs.terminate(session.env_id)
         return True
 
     async def close_all(self) -> None:
@@ -147,7 +181,7 @@ class Sessions:
     def _forget_expired(self) -> None:
         """Drop sessions whose env is gone (reaped when idle, or terminated over HTTP)."""
         for session in list(self._sessions.values()):
-            if session.env_id not in self.services.registry.envs:
+            if session.env_id is not None and session.env_id not in self.services.registry.envs:
                 session.closed = True
                 self._sessions.pop(session.id, None)
                 self._submit(session, "env_terminated")
@@ -159,27 +193,32 @@ class Sessions:
             options = ResetOptions.model_validate(data or {})
         except ValidationError as exc:
             raise validation_failed(exc, "reset data") from None
-        handle = self._handle(session)
-        rl_run_id = options.rl_run_id or handle.rl_run_id
-        config = self._config(options.config()) if options.config() else self.services.envs.config(handle)
-        self._submit(session, "reset")
-        if config != self.services.envs.config(handle) or rl_run_id != handle.rl_run_id:
-            handle = await self._rebuild(session, handle, config, options.seed, rl_run_id)
+        given = self._config(options.config()) if options.config() else None
+        if session.env_id is None:  # the session's first env, built with this reset's config and seed
+            handle = await self._build(session, given, options.seed, options.rl_run_id or RL_RUN_ID)
             result = handle.last
-            assert result is not None
         else:
-            result = await self._call(self.services.envs.reset(handle.id, options.seed))
+            handle = self._handle(session)
+            rl_run_id = options.rl_run_id or handle.rl_run_id
+            config = given or self.services.envs.config(handle)
+            self._submit(session, "reset")
+            if config != self.services.envs.config(handle) or rl_run_id != handle.rl_run_id:
+                handle = await self._rebuild(session, handle, config, options.seed, rl_run_id)
+                result = handle.last
+            else:
+                result = await self._call(self.services.envs.reset(handle.id, options.seed))
+        assert result is not None
         session.episode_id = options.episode_id or uuid.uuid4().hex
         session.step_count = 0
-        session.recorder = self._recorder(handle, rl_run_id, session.episode_id)
-        return self.observation(session, result, None)
+        session.recorder = self._recorder(handle, handle.rl_run_id, session.episode_id)
+        return self.first_observation(session, result)
 
     async def step(self, session: OpenEnvSession, data: dict[str, Any] | None) -> dict[str, Any]:
         data = dict(data or {})
         if isinstance(data.get("metadata"), dict):
             del data["metadata"]  # the field every OpenEnv `Action` has (a typed client's model_dump)
         try:
-            action = EnvAction.model_validate(data)
+            action = StepData.model_validate(data)
         except ValidationError as exc:
             raise validation_failed(exc, "step data") from None
         return await self._step(session, action.step_args())
@@ -192,6 +231,17 @@ class Sessions:
         return tool_result(data)
 
     def state(self, session: OpenEnvSession) -> dict[str, Any]:
+        if session.env_id is None:  # no reset or step yet: no env either
+            return State(
+                episode_id=session.episode_id,
+                step_count=session.step_count,
+                env_id=None,
+                env_name=self.env_name,
+                session_id=session.id,
+                seed=None,
+                step_idx=0,
+                done=False,
+            ).model_dump()
         handle = self._handle(session)
         last = handle.last
         return State(
@@ -234,19 +284,42 @@ class Sessions:
             "metadata": metadata,
         }
 
+    def first_observation(self, session: OpenEnvSession, result: StepResult) -> dict[str, Any]:
+        """A reset's observation frame data: what the model sees first names the env's actions
+        (its ``text`` ends with the env's vocabulary, also given as ``vocabulary``)."""
+        data = self.observation(session, result, None)
+        vocabulary = environment_class(self.env_name).vocabulary()
+        observation = data["observation"]
+        observation["text"] = f"{observation.get('text', '')}\n\n{vocabulary}"
+        observation["vocabulary"] = vocabulary
+        return data
+
     # ------------------------------------------------------------------------------- internals
 
     async def _step(self, session: OpenEnvSession, args: dict[str, Any]) -> dict[str, Any]:
-        handle = self._handle(session)
+        """One step; an action or tool call the env refuses is answered, not raised: the env's
+        current observation with the env's message as its text, reward 0, counted as a step (as
+        AgentGym's servers answer an action their game does not know)."""
+        handle = await self._env(session)
         before = handle.last.observation if handle.last is not None else {}
-        started = time.perf_counter()
-        result = await self._call(self.services.envs.step(handle.id, **args))
-        env_ms = (time.perf_counter() - started) * 1000
-        session.step_count += 1
         tool_calls = args.get("tool_calls") or as_tool_calls(
             environment_class(self.env_name), args["actions"]
         )
-        session.recorder.record(before, tool_calls, result, env_ms)
+        started = time.perf_counter()
+        recorder = session.recorder
+        assert recorder is not None  # the session has an env
+        try:
+            result = await self._call(self.services.envs.step(handle.id, **args))
+        except InvalidAction as exc:
+            current = await self.services.envs.current(handle)
+            if current.done:  # after the episode's end every step is refused alike
+                raise FrameError(ErrorCode.EXECUTION_ERROR, "the episode is over: reset first") from None
+            session.step_count += 1
+            recorder.record_invalid(before, tool_calls, str(exc))
+            return self.observation(session, current.refusal(str(exc)), 0.0)
+        env_ms = (time.perf_counter() - started) * 1000
+        session.step_count += 1
+        recorder.record(before, tool_calls, result, env_ms)
         if result.done:
             self._submit(session, "episode_done")
         return self.observation(session, result, result.reward)
@@ -287,12 +360,27 @@ class Sessions:
         return handle
 
     def check_alive(self, session: OpenEnvSession) -> None:
-        """`SESSION_ERROR` (fatal) if the session's env is gone; unlike a lookup, this does not
-        count as a use of the env (it would never become idle)."""
+        """After an idle spell of its socket: `SESSION_ERROR` (fatal) if the session's env is gone,
+        or if it never had one (a silent socket is not kept). Unlike a lookup, this does not count
+        as a use of the env (it would never become idle)."""
+        if session.env_id is None:
+            raise FrameError(
+                ErrorCode.SESSION_ERROR,
+                f"no frame for the idle TTL ({self.services.settings.idle_ttl_s:g} s) and no env (no "
+                "reset or step yet): this socket is closed; reconnect to play",
+                fatal=True,
+            )
         if session.env_id not in self.services.registry.envs:
             raise self._gone(session)
 
+    async def _env(self, session: OpenEnvSession) -> EnvHandle:
+        """The session's env, built now (default config and seed) if it has none yet."""
+        if session.env_id is None:
+            return await self._build(session, None, None, RL_RUN_ID)
+        return self._handle(session)
+
     def _handle(self, session: OpenEnvSession) -> EnvHandle:
+        assert session.env_id is not None
         try:
             return self.services.envs.get(session.env_id)
         except (NotFound, WrongInstance):
@@ -318,6 +406,8 @@ class Sessions:
             ) from None
         except (InvalidConfig, Unprocessable) as exc:
             raise FrameError(ErrorCode.VALIDATION_ERROR, _message(exc)) from None
+        except InvalidAction:
+            raise  # a step answers it (`StepResult.refusal`)
         except (PluginError, ServiceError) as exc:
             raise FrameError(ErrorCode.EXECUTION_ERROR, _message(exc)) from None
 
@@ -334,6 +424,8 @@ class Sessions:
     def _submit(self, session: OpenEnvSession, stop_reason: str) -> None:
         """Trace the episode's steps so far (once: the recorder starts over)."""
         recorder = session.recorder
+        if recorder is None or session.env_id is None:
+            return
         tracer = self.services.tracer
         trace = recorder.trace(session.env_id, stop_reason)
         recorder.decisions = []
@@ -355,9 +447,11 @@ def as_tool_calls(cls: type[Environment], actions: list[Any]) -> list[dict[str, 
 
 def tool_result(data: dict[str, Any]) -> dict[str, Any]:
     """An MCP ``tools/call`` result: the observation's text as content, and OpenEnv's ``data``
-    (what `MCPToolClient.call_tool` returns): the step's observation frame data."""
+    (what `MCPToolClient.call_tool` returns): the step's observation frame data. A call the env
+    refused is MCP's tool error (``isError``), its message the content the model reads."""
     text = data["observation"].get("text", "")
-    return {"content": [{"type": "text", "text": str(text)}], "isError": False, "data": data}
+    refused = "invalid_action" in data["metadata"]["info"]
+    return {"content": [{"type": "text", "text": str(text)}], "isError": refused, "data": data}
 
 
 def _message(exc: BaseException) -> str:

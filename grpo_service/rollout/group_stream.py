@@ -292,11 +292,15 @@ class GroupStream:
         if task.cancelled() or error is not None:
             self._failed(play, error)
             return
+        body = play.run.result if play.run is not None else None  # a background run keeps JSON
+        if body is None:
+            self._failed(play, RuntimeError("the group's result was not kept (over the run book's bound)"))
+            return
         self.failed_in_a_row = 0
         if self._stale(play) and not self._keeps(play):
             self._on_stale(play)
         else:
-            self.ready.append((play, task.result()))
+            self.ready.append((play, RolloutGroupResponse.model_validate_json(body)))
             self._changed.set()
         self._fill()
 

@@ -1,5 +1,5 @@
 """``/rollout/stream``: a stream of GRPO groups for an asynchronous trainer (open, take, version,
-status, close). The machinery is `grpo_service.rollout.stream`."""
+status, close). The machinery is `grpo_service.rollout.group_stream`."""
 
 from __future__ import annotations
 

@@ -2,7 +2,9 @@
 
 Text is split into words and single punctuation marks; a token's id is a stable hash
 (BLAKE2b, not Python's salted ``hash``) modulo ``VOCAB_SIZE``, so ids are the same in
-every process and run.
+every process and run. Ids are read back (`decode_tokens`) through the tokens this process has
+encoded: the fake answers a token-id prompt from a policy in the same process (tests, the
+benchmark); ids it never saw read as ``<unk>``.
 """
 
 from __future__ import annotations
@@ -31,7 +33,18 @@ def tokenize(text: str) -> list[str]:
 @functools.lru_cache(maxsize=1 << 16)  # prompts repeat their words: the fake's main cost
 def token_id(token: str) -> int:
     digest = hashlib.blake2b(token.encode("utf-8"), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % VOCAB_SIZE
+    found = int.from_bytes(digest, "big") % VOCAB_SIZE
+    _SEEN[found] = token
+    return found
+
+
+_SEEN: dict[int, str] = {}  # at most VOCAB_SIZE entries: id -> the last token encoded to it
+UNKNOWN = "<unk>"
+
+
+def decode_tokens(ids: Iterable[int]) -> list[str]:
+    """The tokens of ``ids``, as far as this process has encoded them (else ``<unk>``)."""
+    return [_SEEN.get(i, UNKNOWN) for i in ids]
 
 
 def encode(text: str) -> list[int]:
@@ -56,8 +69,33 @@ def chat_parts(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] |
     return parts
 
 
-def render_chat(messages: Iterable[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> str:
-    return "".join(chat_parts(messages, tools))
+def render_chat(
+    messages: Iterable[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    add_generation_prompt: bool = True,
+) -> str:
+    parts = chat_parts(messages, tools)
+    return "".join(parts if add_generation_prompt else parts[:-1])
+
+
+TOOLS_HEADER = ["<", "|", "im_start", "|", ">", "tools"]
+TURN_END = ["<", "|", "im_end", "|", ">"]
+
+
+def tools_in(tokens: list[str]) -> list[dict[str, Any]]:
+    """The tools a rendered prompt's tokens declare (its ``tools`` part read back: the JSON's
+    tokens joined without the whitespace tokenizing dropped, so strings lose their spaces)."""
+    n = len(TOOLS_HEADER)
+    for start in range(len(tokens) - n + 1):
+        if tokens[start : start + n] == TOOLS_HEADER:
+            body = tokens[start + n :]
+            end = next((i for i in range(len(body)) if body[i : i + 5] == TURN_END), len(body))
+            try:
+                tools = json.loads("".join(body[:end]))
+            except (ValueError, RecursionError):
+                return []
+            return [t for t in tools if isinstance(t, dict)] if isinstance(tools, list) else []
+    return []
 
 
 @functools.lru_cache(maxsize=4096)  # the system prompt, tools and history repeat turn after turn

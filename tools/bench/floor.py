@@ -1,0 +1,255 @@
+"""The floor: a bare uvicorn + FastAPI app doing the service's work per request with nothing of
+ours but the env, measured in the same run as the service (`http_vs_floor`,
+`decision_cpu_vs_floor`).
+
+- ``POST /env/step`` (and ``/env/create``, ``/env/reset``, ``/env/terminate``): parse the same
+  body with orjson, step the same `CrafterEnv` in-process, answer the same fields
+  (``EnvStepResponse``'s) encoded by orjson. No validation models, no registry, no locks, no
+  error handling beyond a missing env.
+- ``POST /floor/group``: a GRPO group's decisions with nothing around them: ``group_size``
+  concurrent episodes of ``turns`` decisions; each decision is one raw aiohttp request (the
+  crafter-react request: its system prompt and tool schema, the current observation, token ids
+  and logprobs asked) to the same fake LLM, the reply parsed by orjson, its tool call's actions
+  stepped, and the turn (observation text, actions, reward, token ids, logprobs) kept; the
+  answer is every member's turns, orjson-encoded. No history window, no validation of the reply
+  beyond what indexing needs, no records, no tracing.
+
+What the service does beyond this is what it costs over the floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+from fastapi import FastAPI, Request, Response
+
+from envs.crafter.env import CrafterConfig, CrafterEnv
+
+JSON = "application/json"
+
+
+def _answer(data: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(data), status_code=status, media_type=JSON)
+
+
+def _step_fields(env_id: str, result: Any) -> dict[str, Any]:
+    return {
+        "env_id": env_id,
+        "observation": result.observation,
+        "reward": result.reward,
+        "done": result.done,
+        "truncated": result.truncated,
+        "info": result.info,
+        "step_idx": result.step_idx,
+    }
+
+
+def _request_template(model: str) -> dict[str, Any]:
+    """The crafter-react request of a first observation (built once; each decision swaps in its
+    observation): the same size and shape as the service's requests."""
+    from envs.base import PolicyContext
+    from envs.crafter.policy import CrafterReActConfig, CrafterReActPolicy
+
+    observation = CrafterEnv(CrafterConfig(), 101).reset().observation
+    context = PolicyContext(inference_url="http://127.0.0.1:9", model=model)
+    request = CrafterReActPolicy(CrafterReActConfig(), context).build_request(observation)
+    extra_body = request.pop("extra_body", None) or {}
+    return {**request, **extra_body, "logprobs": True, "return_token_ids": True}
+
+
+def create_floor_app(model: str = "fake-model") -> FastAPI:
+    envs: dict[str, CrafterEnv] = {}
+    ids = itertools.count()
+    template = _request_template(model)
+    session: aiohttp.ClientSession | None = None
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        nonlocal session
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
+        try:
+            yield
+        finally:
+            await session.close()
+
+    app = FastAPI(title="floor", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return _answer({"status": "ok"})
+
+    @app.post("/env/create")
+    async def create(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        env = CrafterEnv(CrafterConfig(), body.get("seed"))
+        env_id = f"env-{next(ids)}"
+        envs[env_id] = env
+        return _answer(_step_fields(env_id, env.reset()))
+
+    @app.post("/env/step")
+    async def step(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        env = envs.get(body["env_id"])
+        if env is None:
+            return _answer({"detail": "no such env"}, 404)
+        action = body.get("action")
+        return _answer(_step_fields(body["env_id"], env.step([action] if action else body["actions"])))
+
+    @app.post("/env/reset")
+    async def reset(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        return _answer(_step_fields(body["env_id"], envs[body["env_id"]].reset(body.get("seed"))))
+
+    @app.post("/env/terminate")
+    async def terminate(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        envs.pop(body["env_id"], None)
+        return _answer({"env_id": body["env_id"], "terminated": True})
+
+    async def episode(url: str, seed: int, member: int, turns: int) -> dict[str, Any]:
+        assert session is not None
+        env = CrafterEnv(CrafterConfig(), seed)
+        observation = env.reset().observation
+        kept, steps = [], 0
+        for _ in range(turns):
+            messages = [*template["messages"][:-1], {"role": "user", "content": observation["text"]}]
+            content = orjson.dumps({**template, "messages": messages, "seed": member})
+            async with session.post(url, data=content, headers={"Content-Type": JSON}) as reply:
+                data = orjson.loads(await reply.read())
+            choice = data["choices"][0]
+            arguments = orjson.loads(choice["message"]["tool_calls"][0]["function"]["arguments"])
+            result = env.step(arguments["actions"])
+            kept.append(
+                {
+                    "observation": observation["text"],
+                    "actions": arguments["actions"],
+                    "reward": result.reward,
+                    "prompt_token_ids": data.get("prompt_token_ids"),
+                    "token_ids": choice.get("token_ids"),
+                    "logprobs": [e["logprob"] for e in choice["logprobs"]["content"]],
+                }
+            )
+            steps += result.info.get("actions_executed", len(arguments["actions"]))
+            observation = result.observation
+            if result.done:
+                break
+        return {"member": member, "decisions": len(kept), "steps": steps, "turns": kept}
+
+    @app.post("/floor/group")
+    async def group(request: Request) -> Response:
+        body = orjson.loads(await request.body())
+        url = body["inference_url"].rstrip("/") + "/v1/chat/completions"
+        members = await asyncio.gather(
+            *(episode(url, body["seed"], i, body["turns"]) for i in range(body["group_size"]))
+        )
+        return _answer({"members": members})
+
+    return app
+
+
+# ------------------------------------------------------------------------ driving it
+
+
+async def _groups(
+    base_url: str, inference_url: str, seeds: list[int], group_size: int, turns: int
+) -> list[bytes]:
+    from tools.bench.http import HTTPError, RawClient
+    from tools.bench.procs import HOST
+
+    port = int(base_url.rsplit(":", 1)[1])
+    conns = [await RawClient(HOST, port).connect() for _ in seeds]
+
+    async def one(conn: RawClient, seed: int) -> bytes:
+        body = {"inference_url": inference_url, "seed": seed, "group_size": group_size, "turns": turns}
+        status, data = await conn.request("POST", "/floor/group", orjson.dumps(body))
+        if status != 200:
+            raise HTTPError(status, data)
+        return data
+
+    try:
+        return await asyncio.gather(*(one(c, s) for c, s in zip(conns, seeds, strict=True)))
+    finally:
+        for conn in conns:
+            await conn.close()
+
+
+def floor_decisions(
+    base_url: str, pid: int, inference_url: str, seeds: list[int], group_size: int, turns: int
+) -> tuple[int, int, float]:
+    """One group per seed against the floor at ``base_url`` (process ``pid``), after an untimed
+    warm-up that caches the worlds: (decisions, env steps, the floor's CPU seconds)."""
+    import psutil
+
+    def cpu() -> float:
+        times = psutil.Process(pid).cpu_times()
+        return times.user + times.system
+
+    asyncio.run(_groups(base_url, inference_url, seeds, 2, 2))
+    before = cpu()
+    answers = asyncio.run(_groups(base_url, inference_url, seeds, group_size, turns))
+    used = cpu() - before
+    decisions = steps = 0
+    for answer in answers:
+        for member in orjson.loads(answer)["members"]:
+            decisions += member["decisions"]
+            steps += member["steps"]
+    return decisions, steps, used
+
+
+def decision_costs(
+    *,
+    fake_url: str,
+    floor: Any,
+    workdir: Any,
+    service_cpus: set[int] | None,
+    groups: int,
+    group_size: int,
+    turns: int,
+    traced_first: bool,
+) -> dict[str, float]:
+    """The cost of one decision, service against floor, in µs of CPU (and the ratios' parts).
+
+    The service: the coordinator embedded in this process (`tools.bench.decision`), ``rl`` mode
+    with token ids and logprobs recorded, traced and untraced (alternating which goes first),
+    pinned to ``service_cpus``. The floor: ``floor`` (a `ChildServer` of this module's app,
+    pinned there too) playing the same groups against the same fake. The env's share (its
+    in-process CPU per step in the same worlds × the steps per decision) is taken out of both."""
+    import time
+
+    from tools.bench.decision import SEEDS, Load, measure_embedded
+    from tools.bench.inproc import env_steps_per_s
+    from tools.bench.procs import pinned
+
+    seeds = [SEEDS[i % len(SEEDS)] for i in range(groups)]  # as `Load.body` seeds its groups
+    with pinned(service_cpus):  # CPU time, not wall time: a busy machine does not inflate it
+        env_us_per_step = 1e6 / env_steps_per_s(1.0, list(SEEDS), 0, clock=time.process_time)
+    measured: dict[bool, Any] = {}
+    for traced in (True, False) if traced_first else (False, True):
+        load = Load(groups=groups, group_size=group_size, turns=turns, traced=traced, tokens=True)
+        with pinned(service_cpus):
+            measured[traced] = measure_embedded(load, fake_url, workdir, cpus=None, profile=None)
+    decisions, steps, floor_cpu = floor_decisions(
+        floor.base_url, floor.pid, fake_url, seeds, group_size, turns
+    )
+    traced_us = measured[True].cpu_us_per_decision
+    untraced_us = measured[False].cpu_us_per_decision
+    env_us = env_us_per_step * measured[True].steps / max(1, measured[True].decisions)
+    floor_us = floor_cpu / max(1, decisions) * 1e6
+    floor_env_us = env_us_per_step * steps / max(1, decisions)
+    trace_us = max(0.0, traced_us - untraced_us)
+    return {
+        "env_cpu_us_per_step": env_us_per_step,
+        "service_cpu_us_per_decision": traced_us,
+        "service_untraced_cpu_us_per_decision": untraced_us,
+        "task_app_cpu_us_per_decision": max(0.0, traced_us - env_us),
+        "trace_cpu_us_per_decision": trace_us,
+        "trace_share_of_decision_cpu": trace_us / traced_us if traced_us else 0.0,
+        "floor_cpu_us_per_decision": floor_us,
+        "floor_own_cpu_us_per_decision": max(0.0, floor_us - floor_env_us),
+    }
