@@ -52,6 +52,7 @@ def test_async_grpo_trains_on_the_stream_with_bounded_staleness(tmp_path: Path) 
                 max_turns=1,
                 lr=1e-2,
                 mode="async",
+                sequences="decision",  # toy-say plays no token stream
                 in_flight=4,
                 max_staleness=1,
                 save_every=10,
