@@ -249,7 +249,8 @@ def test_a_stream_of_groups_spans_weight_pushes_each_span_tagged_with_the_weight
         "group": {
             "group_size": 2,
             "env": {"env_name": "babyai", "seed": 11},
-            "policy": {"policy_name": "babyai-agent", "config": SHORT},
+            # chat turns (no token stream): every decision its own call, tagged on its own
+            "policy": {"policy_name": "babyai-agent", "config": {**SHORT, "token_stream": "off"}},
             "max_turns": 8,
             "record": {"logprobs": True},
         },
