@@ -16,7 +16,7 @@ import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service.api.auth import APIKeyGate, document_security, redact_query_secrets
 from grpo_service.api.limits import BodySizeLimit
-from grpo_service.api.routes import batch, env, meta, policy, rollout, training, viewer
+from grpo_service.api.routes import batch, env, group_stream, meta, policy, rollout, training, viewer
 from grpo_service.api.services import Services
 from grpo_service.config import Settings
 from grpo_service.core.env_manager import EnvManager
@@ -28,6 +28,7 @@ from grpo_service.gc_tuning import serving_gc
 from grpo_service.protocols.agentgym import server as agentgym
 from grpo_service.protocols.openenv import server as openenv
 from grpo_service.rollout import RolloutCoordinator
+from grpo_service.rollout.group_stream import GroupStreams
 from grpo_service.tracing.traces import TraceSink
 from grpo_service.version import __version__
 from inference import ClientPool
@@ -76,6 +77,7 @@ def build_services(
         envs=env_manager,
         policies=policy_manager,
         coordinator=coordinator,
+        streams=GroupStreams(coordinator),
         tracer=tracer,
         client_pool=pool,
     )
@@ -138,6 +140,7 @@ def create_app(
                 yield
         finally:
             reaper.cancel()
+            services.streams.close_all()
             for run in services.registry.runs:
                 run.abort.set()
             await services.client_pool.aclose()
@@ -162,7 +165,8 @@ def create_app(
     # matched against every route of the service's API (a quarter of an AgentGym step's CPU).
     agentgym.mount(app, services)
     openenv.mount(app, services)
-    for module in (meta, env, policy, rollout, batch, viewer):  # each route lists the errors it can return
+    # each route lists the errors it can return
+    for module in (meta, env, policy, rollout, group_stream, batch, viewer):
         app.include_router(module.router)
     if settings.training_enabled:
         app.include_router(training.router)

@@ -4,8 +4,8 @@ can return. The test walks the app's own OpenAPI document, so routes added later
 
 A placeholder such as ``"<env_id from /env/create>"`` stands for an id an earlier call returned:
 the test fills it with a live object's id, chosen by the field's name (``env_id``,
-``bound_env_id``, ``policy_id``, ``snapshot_id``, ``run_id``, ``job_id``, ``model_name`` and
-their lists).
+``bound_env_id``, ``policy_id``, ``snapshot_id``, ``run_id``, ``job_id``, ``stream_id``,
+``model_name`` and their lists).
 """
 
 from __future__ import annotations
@@ -62,6 +62,19 @@ class LiveIds:
         self.running_job_id = self._post(
             "/train", {"total_timesteps": 10_000_000, "model_name": "example-running"}
         )["job_id"]
+        # One stream for the stream routes' examples (its DELETE comes last, with the deletions).
+        self.stream_id = client.post(
+            "/rollout/stream",
+            json={
+                "group": {
+                    "group_size": 2,
+                    "env": {"env_name": "crafter"},
+                    "policy": {"policy_name": "crafter-random"},
+                    "max_turns": 2,
+                },
+                "in_flight": 1,
+            },
+        ).json()["stream_id"]
         inference = client.get("/info").json()["inference"]  # the test's fake LLM
         self.base_url, self.model = inference["base_url"], inference["default_model"]
 
@@ -106,6 +119,7 @@ class LiveIds:
             "run_id": self.run_id,
             "job_id": self.job_id,
             "running_job_id": self.running_job_id,
+            "stream_id": self.stream_id,
             "model_name": "example-live",
             "base_url": self.base_url,
             "model": self.model,

@@ -322,3 +322,41 @@ def test_a_background_group_reports_every_member_when_a_host_is_lost(
     assert all("host_lost" in m["error"] and victim.removeprefix("grpo-host-") in m["error"] for m in failed)
     assert status["result"]["metrics"]["completed"] == 4 and status["result"]["metrics"]["failed"] == 4
     assert len(status["result"]["metrics"]["returns"]) == 8
+
+
+def test_a_stream_of_groups_lives_on_one_host_and_is_reached_through_the_front(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """The stream's id carries its host's tag: take, version and close go to that host."""
+    from grpo_service import create_app
+    from tests.conftest import served_settings
+    from tools.server_thread import ServerThread
+
+    body = {
+        "group": {
+            "group_size": 2,
+            "env": {"env_name": "crafter", "seed": 5},
+            "policy": {"policy_name": "crafter-random", "config": {"seed": 1}},
+            "max_turns": 3,
+        },
+        "in_flight": 2,
+        "max_groups": 4,
+    }
+    with ServerThread(create_app(served_settings(tmp_path, "ray")), name="front").start(
+        timeout_s=60
+    ) as front:
+        opened = post(front.base_url, "/rollout/stream", body)
+        assert opened.status_code == 201, opened.text
+        sid = opened.json()["stream_id"]
+        base = f"{front.base_url}/rollout/stream/{sid}"
+        assert post(base, "/version", {"weights_version": 1}).json()["weights_version"] == 1
+        groups: list[dict] = []
+        deadline = time.monotonic() + 60
+        while len(groups) < 4 and time.monotonic() < deadline:
+            taken = post(base, "/take", {"max_groups": 4, "wait_s": 5}).json()
+            groups += taken["groups"]
+        assert sorted(g["index"] for g in groups) == [0, 1, 2, 3]
+        assert {tag_of(g["group"]["group_id"]) for g in groups} == {tag_of(sid)}  # played on its host
+        assert taken["info"]["status"] == "finished"
+        assert httpx.delete(base, timeout=10).json()["counters"]["delivered"] == 4
+        assert httpx.get(base + "/status", timeout=10).status_code == 404

@@ -230,6 +230,82 @@ def test_logprobs_match_the_trainer_before_and_after_a_weight_sync(
     sync.load(real_vllm.checkpoint, 0)
 
 
+def test_a_stream_of_groups_spans_weight_pushes_each_span_tagged_with_the_weights_that_sampled_it(
+    task_app, real_vllm: RealVLLM, sync: WeightSync, tmp_path: Path
+) -> None:
+    """`/rollout/stream` against vLLM: version 1 (other weights) is pushed while groups play, and
+    every span of a group that crosses it is scored by its own version's weights to within the
+    fidelity bound; then version 3 (the start weights again) makes the groups begun under 1 too
+    stale (max_staleness 1): they are restarted from their seeds, and fresh ones delivered."""
+    from tests.test_rollout_stream import member_versions, wait_until_sampling
+    from tests.vllm_helpers import make_vllm_checkpoint
+
+    server, _ = task_app
+    torch.set_num_threads(1)
+    other_dir = make_vllm_checkpoint(tmp_path / "other", seed=1)
+    models = {0: load(real_vllm.checkpoint)[0], 1: load(other_dir)[0]}
+    models[3] = models[0]
+    body = {
+        "group": {
+            "group_size": 2,
+            "env": {"env_name": "babyai", "seed": 11},
+            # chat turns (no token stream): every decision its own call, tagged on its own
+            "policy": {"policy_name": "babyai-agent", "config": {**SHORT, "token_stream": "off"}},
+            "max_turns": 8,
+            "record": {"logprobs": True},
+        },
+        "in_flight": 2,
+        "max_staleness": 1,
+        "stale_policy": "restart",
+    }
+    with httpx.Client(base_url=server.base_url, timeout=300) as client:
+        sid = client.post("/rollout/stream", json=body).json()["stream_id"]
+
+        def push(weights: Path, version: int) -> None:
+            note = lambda: client.post(f"/rollout/stream/{sid}/version", json={"weights_version": version})  # noqa: E731
+            sync.load(weights, version, before_resume=note)
+
+        def take(count: int) -> list[dict[str, Any]]:
+            groups: list[dict[str, Any]] = []
+            while len(groups) < count:
+                taken = client.post(f"/rollout/stream/{sid}/take", json={"max_groups": count, "wait_s": 60})
+                groups += taken.json()["groups"]
+            return groups
+
+        try:
+            wait_until_sampling(client, sid)
+            push(other_dir, 1)
+            first = take(2)
+            wait_until_sampling(client, sid)
+            push(real_vllm.checkpoint, 3)  # two versions on: every group begun under 1 is too stale
+            later = take(2)
+            final = client.get(f"/rollout/stream/{sid}/status").json()
+        finally:
+            client.delete(f"/rollout/stream/{sid}")
+            sync.load(real_vllm.checkpoint, 0)
+
+    spanning = [g for g in first if g["oldest_version"] == 0 and g["newest_version"] == 1]
+    assert spanning, [(g["oldest_version"], g["newest_version"]) for g in first]
+    worst = 0.0
+    for taken in first + later:
+        for member in taken["group"]["members"]:
+            steps = decisions(member["result"])
+            assert member_versions(member) == sorted(member_versions(member))
+            for step in steps:
+                llm = step["llm"]
+                model = models[llm["weights_version"]]
+                worst = max(
+                    worst,
+                    worst_gap(
+                        model,
+                        [(llm["prompt_token_ids"], llm["completion_token_ids"], llm["completion_logprobs"])],
+                    ),
+                )
+    print(f"stream against vLLM: worst per-span gap {worst:.2e}; counters {final['counters']}")
+    assert worst < FIDELITY_BOUND
+    assert all(g["oldest_version"] >= 1 for g in later) and final["counters"]["restarted_stale"] >= 1
+
+
 # ------------------------------------------------ a distilled model: tool calls, export, GRPO
 
 

@@ -14,6 +14,7 @@ from grpo_service.core.policy_manager import PolicyManager
 from grpo_service.core.registry import Registry
 from grpo_service.core.snapshots import SnapshotService
 from grpo_service.rollout import RolloutCoordinator
+from grpo_service.rollout.group_stream import GroupStreams
 
 
 @dataclass
@@ -24,6 +25,7 @@ class Services:
     envs: EnvManager
     policies: PolicyManager
     coordinator: RolloutCoordinator
+    streams: GroupStreams
     tracer: Any = None
     client_pool: Any = None
     training: Any = None

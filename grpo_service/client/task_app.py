@@ -299,6 +299,32 @@ class _Routes:
     def run_status(self, run_id: str) -> models.RunStatusResponse:
         return self._get(f"/run/status/{run_id}", models.RunStatusResponse)
 
+    # A stream of groups (`grpo_service.client.group_stream.GroupStreamClient` iterates one).
+    open_stream = _Post("/rollout/stream", models.StreamOpenRequest, models.StreamInfo)
+
+    def take_groups(
+        self, stream_id: str, request: models.StreamTakeRequest | None = None, /, **fields: Any
+    ) -> models.StreamBatch:
+        body = _body(models.StreamTakeRequest, request, fields)
+        wait_s = models.StreamTakeRequest.model_validate(body).wait_s
+        path = f"/rollout/stream/{stream_id}/take"
+        return self._send(
+            ServiceRequest("POST", path, body, self.attempts, wait_s + 30.0), models.StreamBatch
+        )
+
+    def set_stream_version(self, stream_id: str, weights_version: int) -> models.StreamInfo:
+        body = _body(models.StreamVersionRequest, None, {"weights_version": weights_version})
+        request = ServiceRequest("POST", f"/rollout/stream/{stream_id}/version", body, self.attempts)
+        return self._send(request, models.StreamInfo)
+
+    def stream_info(self, stream_id: str) -> models.StreamInfo:
+        return self._get(f"/rollout/stream/{stream_id}/status", models.StreamInfo)
+
+    def close_stream(self, stream_id: str) -> models.StreamInfo:
+        return self._send(
+            ServiceRequest("DELETE", f"/rollout/stream/{stream_id}", None, self.attempts), models.StreamInfo
+        )
+
 
 class TaskAppClient(_Routes):
     """The sync client."""

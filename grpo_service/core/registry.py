@@ -19,7 +19,7 @@ import secrets
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Generic, Literal, TypeVar
 
@@ -121,6 +121,9 @@ class RunHandle(Handle):
     claim: Claim | None = None  # the slots held for what it creates (a group's: shared by its members)
     hold: Hold | None = None  # the run slot it was registered under (a batch's rollouts)
     share_of: int = 0  # a share of a group spread over Ray hosts: the whole group's size
+    # Set by a stream of groups: called when an LLM call returns, the weights version to tag it
+    # with (the stream's version then); None: the request's own ``weights_version``.
+    weights_version: Callable[[], int | None] | None = None
 
     @property
     def finished(self) -> bool:

@@ -71,6 +71,15 @@ from grpo_service.models.group import (  # noqa: F401
     RolloutGroupResponse,
     RunStarted,
 )
+from grpo_service.models.group_stream import (  # noqa: F401
+    StreamBatch,
+    StreamCounters,
+    StreamGroup,
+    StreamInfo,
+    StreamOpenRequest,
+    StreamTakeRequest,
+    StreamVersionRequest,
+)
 from grpo_service.models.meta import (  # noqa: F401
     Health,
     InferenceInfo,

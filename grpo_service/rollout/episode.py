@@ -183,7 +183,8 @@ class EpisodeLoop:
         self.run.llm_s += time.monotonic() - started
         call = decision.llm_call
         if call is not None and call.weights_version is None:
-            call.weights_version = self.req.weights_version
+            clock = self.run.weights_version
+            call.weights_version = clock() if clock is not None else self.req.weights_version
         self._pending = DecisionTrace(
             turn=self.turn, observation=self._current.observation, decision=decision
         )

@@ -33,6 +33,36 @@ class TaskAppGroups:
         with TaskAppClient(self.base_url, self.api_key, timeout_s=30) as client:
             return client.info().model_dump(mode="json")
 
+    def open_stream(self, body: dict[str, Any]) -> TaskAppStream:
+        """The task app's stream of groups for the async loop (`training.llm.rl_async.GroupStream`)."""
+        client = TaskAppClient(self.base_url, self.api_key, timeout_s=60, attempts=4)
+        try:
+            info = client.open_stream(body)
+        except BaseException:
+            client.close()
+            raise
+        return TaskAppStream(client, info.stream_id)
+
+
+class TaskAppStream:
+    """One open ``/rollout/stream`` through the sync typed client (`training.llm.rl_async.GroupStream`)."""
+
+    def __init__(self, client: TaskAppClient, stream_id: str) -> None:
+        self.client, self.stream_id = client, stream_id
+
+    def take(self, count: int, wait_s: float) -> dict[str, Any]:
+        batch = self.client.take_groups(self.stream_id, max_groups=count, wait_s=wait_s)
+        return batch.model_dump(mode="json")
+
+    def set_version(self, version: int) -> dict[str, Any]:
+        return self.client.set_stream_version(self.stream_id, version).model_dump(mode="json")
+
+    def close(self) -> dict[str, Any]:
+        try:
+            return self.client.close_stream(self.stream_id).model_dump(mode="json")
+        finally:
+            self.client.close()
+
 
 def _job_config(config: Any, ctx: Any) -> Any:
     """Under the job API (a context is given) a run is written to the job's models directory,

@@ -128,6 +128,24 @@ class RLConfig(_Config):
     max_staleness: int = Field(
         default=0, ge=0, description="Keep samples drawn from weights at most this many versions old."
     )
+    mode: Literal["sync", "async"] = Field(
+        default="sync",
+        description="`sync`: each step requests its groups, waits for them, trains and pushes. `async`: "
+        "the groups come from the task app's stream (/rollout/stream), which keeps `in_flight` groups "
+        "playing while the trainer trains; a push does not drain it (needs `max_staleness` >= 1 to "
+        "overlap).",
+    )
+    in_flight: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="Async: groups started and not yet trained on (default: 2 x groups_per_step).",
+    )
+    stale_policy: Literal["drop", "restart"] = Field(
+        default="restart",
+        description="Async: a group whose oldest span is more than `max_staleness` versions old is "
+        "dropped, or played again from its start state (the stream's policy; both counted).",
+    )
     success_reward: float = Field(default=1.0, description="A rollout whose reward reaches this succeeded.")
     format_penalty: float = Field(
         default=0.0,

@@ -28,6 +28,8 @@ sampled it: their largest difference from the server's is logged every step
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import math
 import random
 import shutil
@@ -46,6 +48,7 @@ from training.grpo import Branch, group_advantages, policy_loss, tree_advantages
 from training.llm.config import RLConfig
 from training.llm.logprobs import TokenBatch, token_logprobs
 from training.llm.model import load
+from training.llm.rl_async import group_source, span_fidelity
 from training.llm.run import RunDir, rng_state, save_weights, set_rng_state
 from training.llm.streams import Span, TokenStream, TrainRow, stream_row
 from training.llm.weight_sync import WeightSync
@@ -492,6 +495,14 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
     version = step
     server.load(start_weights, version)
     served = server.served()["id"]
+    source = group_source(  # each step's own requests, or the task app's stream (rl_async)
+        config,
+        task_app,
+        version,
+        step,
+        collect_step=lambda at, v: collect(task_app, config, at, served, v),
+        template=lambda k: group_request(config, _seed(config, 0, k), served, 0, k, version),
+    )
     first_version = version
     totals: Counter[str] = Counter()
     failed_steps, stop_error, saved = 0, None, step
@@ -508,13 +519,13 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
         run.save_checkpoint(at, model, tokenizer, state, config.keep_checkpoints)
 
     columns = (TextColumn("GRPO"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"))
-    with Progress(*columns, TimeElapsedColumn(), console=console) as progress:
+    with contextlib.closing(source), Progress(*columns, TimeElapsedColumn(), console=console) as progress:
         task = progress.add_task("rl", total=config.steps, completed=step, info="")
         while step < config.steps:
             if ctx is not None and ctx.stop_reason():
                 break
             t0 = time.monotonic()
-            groups, errors = asyncio.run(collect(task_app, config, step, served, version))
+            groups, errors, source_stats = source.collect(step, version)
             rollout_s = time.monotonic() - t0
             for error in errors:
                 console.print(f"[yellow]group request failed[/]: {error}")
@@ -545,6 +556,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                 **{k: batch.stats.get(k, 0) for k in ("stale_samples", "decisions_without_tokens")},
                 "streams": batch.stats.get("streams", 0),
                 "group_requests_failed": len(errors),
+                **source_stats,
             }
             completions = [ids for g in groups for ids in _completions(g)]
             turns_total += sum(_turns(g) for g in groups)
@@ -554,7 +566,13 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
             record["rollout_tokens_per_s"] = round(record["completion_tokens"] / max(rollout_s, 1e-9), 2)
             if batch.samples:
                 t1 = time.monotonic()
+                if config.mode == "async":  # each decision under the weights that sampled it
+                    fidelity, checked = span_fidelity(batch.samples, version, model, weights_dir, pad_id)
+                    record.update(checked)
                 metrics = update(model, ref_model, optimizer, batch.samples, config, pad_id)
+                if config.mode == "async":
+                    metrics["logprob_gap_to_current"] = metrics["logprob_max_abs_diff"]
+                    metrics["logprob_max_abs_diff"] = fidelity
                 train_s = time.monotonic() - t1
                 if metrics["logprob_max_abs_diff"] > config.fidelity_tolerance:
                     console.print(
@@ -565,8 +583,10 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
                     )
                 path = save_weights(weights_dir / f"step-{step + 1}", model, tokenizer)
                 version += 1
-                record["weight_sync_s"] = round(server.load(path, version), 3)
-                for old in sorted(weights_dir.glob("step-*"), key=lambda p: int(p.name[5:]))[:-2]:
+                pushed = server.load(path, version, before_resume=functools.partial(source.pushed, version))
+                record["weight_sync_s"] = round(pushed, 3)
+                kept = source.keep_weights
+                for old in sorted(weights_dir.glob("step-*"), key=lambda p: int(p.name[5:]))[:-kept]:
                     shutil.rmtree(old, ignore_errors=True)
                 record.update(metrics)
                 record["train_s"] = round(train_s, 3)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,33 +51,43 @@ class WeightSync:
         """The version the server reports (``"default"`` until a trainer names one)."""
         return self._call("GET", "/weight_info").get("weight_version")
 
-    def load(self, weights: Path, version: int) -> float:
+    def load(self, weights: Path, version: int, before_resume: Callable[[], Any] | None = None) -> float:
         """Load the checkpoint directory ``weights`` into the running server as ``version``;
-        the seconds it took. Generation is paused meanwhile and resumed whatever happens."""
-        weights = Path(weights).resolve()
-        # vLLM takes a path that does not exist for a hub repo id (and answers 500): check here.
-        if not (weights / "config.json").is_file() or not any(weights.glob("*.safetensors")):
-            raise WeightSyncError(f"{weights} is not a checkpoint directory with safetensors weights")
-        config = json.loads((weights / "config.json").read_text())
-        if config.get("tie_word_embeddings") and not (weights / TIED_OUTPUT_FILE).is_file():
-            raise WeightSyncError(
-                f"{weights} ties its output layer to its embeddings but does not write it out: vLLM's "
-                "in-place reload would leave that layer stale; save it with training.llm.run.save_weights"
-            )
+        the seconds it took. Generation is paused meanwhile and resumed whatever happens.
+        ``before_resume`` runs once the new weights serve and before generation resumes (a stream
+        of groups is told the new version there, so that every call it tags is exact)."""
+        check_checkpoint(weights)
         started = time.monotonic()
+        self.pause()
+        try:
+            self.reload(weights, version)
+            if before_resume is not None:
+                before_resume()
+        finally:
+            self.resume()
+        self.check_version(version)
+        return time.monotonic() - started
+
+    def pause(self) -> None:
+        """Pause generation; requests in flight finish first (``mode=wait``)."""
         # a JSON body (`{}`): serve-model refuses a bodiless /pause (a web page could send one);
         # vLLM reads only the query
         self._call("POST", "/pause", params={"mode": "wait"}, json={})
-        try:
-            body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}
-            self._call("POST", "/collective_rpc", json=body)
-            self._call("POST", "/update_weight_version", json={"new_version": str(version)})
-        finally:
-            self._call("POST", "/resume", json={})
+
+    def reload(self, weights: Path, version: int) -> None:
+        """Reload the (paused) server's weights in place from ``weights`` and name them ``version``."""
+        weights = check_checkpoint(weights)
+        body = {"method": "reload_weights", "kwargs": {"weights_path": str(weights)}}
+        self._call("POST", "/collective_rpc", json=body)
+        self._call("POST", "/update_weight_version", json={"new_version": str(version)})
+
+    def resume(self) -> None:
+        self._call("POST", "/resume", json={})
+
+    def check_version(self, version: int) -> None:
         reported = self.version()
         if reported != str(version):
             raise WeightSyncError(f"the server reports weights version {reported!r} after loading {version}")
-        return time.monotonic() - started
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         url = self.base_url + path
@@ -92,3 +103,18 @@ class WeightSync:
         if r.status_code != 200:
             raise WeightSyncError(f"{method} {url}: {r.status_code} {r.text[:300]}")
         return r.json() if r.content else {}
+
+
+def check_checkpoint(weights: Path) -> Path:
+    """``weights`` resolved, or `WeightSyncError` when vLLM could not reload it as it is."""
+    weights = Path(weights).resolve()
+    # vLLM takes a path that does not exist for a hub repo id (and answers 500): check here.
+    if not (weights / "config.json").is_file() or not any(weights.glob("*.safetensors")):
+        raise WeightSyncError(f"{weights} is not a checkpoint directory with safetensors weights")
+    config = json.loads((weights / "config.json").read_text())
+    if config.get("tie_word_embeddings") and not (weights / TIED_OUTPUT_FILE).is_file():
+        raise WeightSyncError(
+            f"{weights} ties its output layer to its embeddings but does not write it out: vLLM's "
+            "in-place reload would leave that layer stale; save it with training.llm.run.save_weights"
+        )
+    return weights
