@@ -319,17 +319,23 @@ def test_json_nested_too_deep_is_invalid_json_and_logs_no_traceback(
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
 
 
-def test_a_key_in_a_websocket_query_string_is_not_logged(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "through", ["embedded", pytest.param("ray", marks=pytest.mark.slow)], ids=["embedded", "ray"]
+)
+def test_a_key_in_a_websocket_query_string_is_not_logged(tmp_path: Path, through: str) -> None:
     """A key sent as ``?api_key=`` / ``?token=`` on the socket is refused (the service reads keys
     from headers only), and uvicorn's WebSocket handshake lines (its ``uvicorn.error`` logger, not
-    the access log) show the path with the value cut, as HTTP access lines do."""
+    the access log) show the path with the value cut, as HTTP access lines do; through a Ray front
+    of 2 hosts as well (the front's server is the one that logs the handshake)."""
     from websockets.exceptions import InvalidStatus
 
     from tests.hardening import start_service
 
     key = "sk-ws-key-in-query-0123456789abcdef"
     environ = {"ENVIRONMENT_API_KEY": key, "STATE_DIR": str(tmp_path / "state"), "SNAPSHOT_SECRET": "s" * 40}
-    service = start_service(tmp_path, environ)
+    if through == "ray":
+        environ.update(RAY_ADDRESS="local", RAY_HOSTS="2", RAY_NAMESPACE=f"ws-log-{tmp_path.name}")
+    service = start_service(tmp_path, environ, wait_s=120.0)
     ws_base = service.base_url.replace("http", "ws", 1)
     try:
         for query in (f"api_key={key}", f"token={key}", f"session_id=x&access_token={key}"):
