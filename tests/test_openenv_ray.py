@@ -73,3 +73,19 @@ def test_a_sessions_env_lives_on_a_host(front: tuple[str, Path]) -> None:
             assert snapshot.status_code == 200, snapshot.text
             ws.send(json.dumps({"type": "close"}))
         eventually(lambda: env_id not in live_env_ids(http), timeout_s=30)
+
+
+def test_json_nested_too_deep_is_invalid_json_through_ray(front: tuple[str, Path]) -> None:
+    """The front parses a frame and a ``/mcp`` body with the same strict parser as one process:
+    nesting past Python's recursion is ``INVALID_JSON`` on the socket (which goes on) and JSON-RPC's
+    parse error on ``/mcp``, never an execution error or a 500."""
+    base, _ = front
+    with socket(base) as ws:
+        ask(ws, {"type": "reset", "data": {"seed": 9}})
+        reply = ask(ws, "[" * 5_000 + "]" * 5_000)
+        assert reply["type"] == "error" and reply["data"]["code"] == "INVALID_JSON", reply
+        assert ask(ws, {"type": "step", "data": {"action": "noop"}})["type"] == "observation"
+    for depth in (1_200, 5_000):
+        rpc = httpx.post(f"{base}/openenv/crafter/mcp", content=b"[" * depth + b"]" * depth, timeout=30)
+        assert rpc.status_code == 200, rpc.text
+        assert rpc.json()["error"]["code"] == -32700 and "nested" in rpc.json()["error"]["message"]
