@@ -38,7 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from envs.base import StepResult
 from envs.errors import EpisodeOver, InvalidAction, PluginError
 from grpo_service.api.auth import check_key, require_api_key
-from grpo_service.api.limits import strict_json
+from grpo_service.api.limits import StrictJSONRoute, strict_json
 from grpo_service.api.services import Services
 from grpo_service.config import Settings
 from grpo_service.errors import ServiceError, Unauthorized, error_body
@@ -216,8 +216,9 @@ Reply = Callable[[StepResult], dict[str, Any]]
 
 
 def greeting_router(greeting: str) -> APIRouter:
-    """A game's router, answering ``GET /`` with its AgentGym server's greeting."""
-    router = APIRouter()
+    """A game's router, answering ``GET /`` with its AgentGym server's greeting. Its bodies are
+    standard JSON (``NaN`` is a 422, as in the service's API)."""
+    router = APIRouter(route_class=StrictJSONRoute)
 
     @router.get("/")
     async def hello() -> str:
