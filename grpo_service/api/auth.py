@@ -115,7 +115,7 @@ class APIKeyGate:
     def __init__(self, app: ASGIApp, fastapi_app: FastAPI) -> None:
         self.app = app
         self.fastapi_app = fastapi_app
-        self._protected: tuple[frozenset[str], list[re.Pattern[str]]] | None = None
+        self._protected: tuple[frozenset[str], re.Pattern[str]] | None = None
 
     def protects(self, path: str) -> bool:
         if self._protected is None:  # every route is registered by the first request
@@ -125,12 +125,14 @@ class APIKeyGate:
                 log.exception("no OpenAPI schema: the API key is checked by each route, after its body")
                 schema = {}
             paths = [p for p in schema.get("paths", {}) if p not in OPEN_PATHS]
+            templated = [_path_pattern(p).pattern for p in paths if "{" in p]
             self._protected = (
                 frozenset(p for p in paths if "{" not in p),
-                [_path_pattern(p) for p in paths if "{" in p],
+                # One alternation: one match per request, not one per templated path.
+                re.compile("|".join(f"(?:{pattern})" for pattern in templated) or "(?!)"),
             )
         exact, templated = self._protected
-        return path in exact or any(pattern.match(path) for pattern in templated)
+        return path in exact or templated.match(path) is not None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         expected = self.fastapi_app.state.settings.environment_api_key
