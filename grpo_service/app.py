@@ -163,7 +163,7 @@ def create_app(
     install_error_handlers(app)
     # The protocol servers first: a request to one is then routed by its prefix, without being
     # matched against every route of the service's API (a quarter of an AgentGym step's CPU).
-    agentgym.mount(app, services)
+    agentgym_steps = agentgym.mount(app, services)
     openenv.mount(app, services)
     # each route lists the errors it can return
     for module in (meta, env, policy, rollout, group_stream, batch, viewer):
@@ -172,7 +172,9 @@ def create_app(
         app.include_router(training.router)
     document_security(app)
     # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing
-    # unauthenticated is read, parsed or forwarded), the body size, and the Ray hosts' router.
+    # unauthenticated is read, parsed or forwarded), the body size, the Ray hosts' router, and
+    # innermost AgentGym's steps answered without FastAPI's routing.
+    app.add_middleware(agentgym.StepFastPath, steps=agentgym_steps, settings=settings)
     if cluster is not None:
         from grpo_service.cluster.router import ClusterRouter
 

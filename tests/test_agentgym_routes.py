@@ -9,6 +9,7 @@ Every payload is checked field by field against the shapes of AgentGym's servers
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Callable, Iterator
@@ -276,3 +277,29 @@ def test_ids_and_task_indices_must_be_integers(base: str, body: dict[str, Any]) 
     assert answer.status_code == 422, answer.text
     wrong = next(key for key, value in body.items() if type(value) is not int)
     assert wrong in answer.text
+
+
+def test_a_step_is_answered_alike_before_and_by_the_route(base: str) -> None:
+    """A well-formed ``/step`` is answered ahead of FastAPI's routing (`StepFastPath`): byte for
+    byte as the route answers it (a content type that path leaves to the route), and whatever
+    it does not take (a malformed body) gets the route's own 422."""
+    url = f"{base}/textcraft"
+    ids = [requests.post(f"{url}/create", json={}, timeout=30).json()["id"] for _ in range(2)]
+    for idx in ids:
+        requests.post(f"{url}/reset", json={"id": idx, "data_idx": 3}, timeout=30).raise_for_status()
+    routed_type = {"Content-Type": "application/json; charset=utf-8"}
+    for action in ["inventory", "get 1 oak logs", "dance", "ä" * 3]:
+        fast = requests.post(f"{url}/step", json={"id": ids[0], "action": action}, timeout=30)
+        body = json.dumps({"id": ids[1], "action": action})
+        routed = requests.post(f"{url}/step", data=body, headers=routed_type, timeout=30)
+        assert fast.status_code == routed.status_code == 200
+        assert fast.content == routed.content, (fast.content, routed.content)
+        assert {k: v for k, v in fast.headers.items() if k != "date"} == {
+            k: v for k, v in routed.headers.items() if k != "date"
+        }
+    unknown = requests.post(f"{url}/step", json={"id": 10**6, "action": "inventory"}, timeout=30)
+    assert unknown.json() == {"error": "The id 1000000 is not valid."}
+    as_json = {"Content-Type": "application/json"}
+    for bad in (b'{"id": false, "action": "inventory"}', b'{"id": 0, "action": NaN}', b"{", b""):
+        answer = requests.post(f"{url}/step", data=bad, headers=as_json, timeout=30)
+        assert answer.status_code == 422, (bad, answer.text)

@@ -31,6 +31,8 @@ ROUTES = [
     ("POST", "/branch", {}),
     ("POST", "/run/abort", {"run_id": "x"}),
     ("GET", "/run/status/x", None),
+    ("POST", "/agentgym/textcraft/step", {"id": 0, "action": "inventory"}),  # `StepFastPath`
+    ("POST", "/agentgym/babyai/step", {"id": 0, "action": "turn left"}),
 ]
 
 

@@ -212,10 +212,12 @@ class PathSet:
 
     def __init__(self, paths: Sequence[str]) -> None:
         self.exact = frozenset(p for p in paths if "{" not in p)
-        self.templated = [_path_pattern(p) for p in dict.fromkeys(p for p in paths if "{" in p)]
+        patterns = [_path_pattern(p).pattern for p in dict.fromkeys(p for p in paths if "{" in p)]
+        # One alternation, not one pattern per route: the gate matches every request's path.
+        self.templated = re.compile("|".join(f"(?:{p})" for p in patterns) or r"(?!)")
 
     def matches(self, path: str) -> bool:
-        return path in self.exact or any(pattern.match(path) for pattern in self.templated)
+        return path in self.exact or self.templated.match(path) is not None
 
 
 def _api_routes(

@@ -22,19 +22,26 @@ from __future__ import annotations
 import base64
 import functools
 import itertools
+import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.datastructures import Headers
+from starlette.requests import HTTPConnection
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envs.base import StepResult
 from envs.errors import EpisodeOver, InvalidAction, PluginError
-from grpo_service.api.auth import require_api_key
+from grpo_service.api.auth import check_key, require_api_key
+from grpo_service.api.limits import StrictJSONRoute, strict_json
 from grpo_service.api.services import Services
-from grpo_service.errors import ServiceError, error_body
+from grpo_service.config import Settings
+from grpo_service.errors import ServiceError, Unauthorized, error_body
 
 GAMES = ("textcraft", "babyai", "sciworld")
 RL_RUN_ID = "agentgym"
@@ -209,8 +216,9 @@ Reply = Callable[[StepResult], dict[str, Any]]
 
 
 def greeting_router(greeting: str) -> APIRouter:
-    """A game's router, answering ``GET /`` with its AgentGym server's greeting."""
-    router = APIRouter()
+    """A game's router, answering ``GET /`` with its AgentGym server's greeting. Its bodies are
+    standard JSON (``NaN`` is a 422, as in the service's API)."""
+    router = APIRouter(route_class=StrictJSONRoute)
 
     @router.get("/")
     async def hello() -> str:
@@ -219,9 +227,9 @@ def greeting_router(greeting: str) -> APIRouter:
     return router
 
 
-def session_router(game: Game, greeting: str, start_reply: Reply, step_reply: Reply) -> APIRouter:
+def session_router(game: Game, greeting: str, start_reply: Reply) -> APIRouter:
     """The routes BabyAI's and SciWorld's servers share: ``/create`` only opens a session, the
-    task comes with ``/reset``; each answers in the game's own shape (``start_reply``, ``step_reply``)."""
+    task comes with ``/reset``; each answers in the game's own shape (``start_reply``, `STEPS`)."""
     router = greeting_router(greeting)
 
     @router.post("/create")
@@ -234,17 +242,23 @@ def session_router(game: Game, greeting: str, start_reply: Reply, step_reply: Re
     async def reset(body: ResetBody) -> Any:
         return await game.begin(body.id, body.data_idx, start_reply)
 
-    add_step_route(router, game, step_reply)
+    add_step_route(router, game)
     return router
 
 
-def add_step_route(router: APIRouter, game: Game, reply: Reply, *, allow_done: bool = False) -> None:
-    """``POST /step``: one action, answered in the game's own shape (``reply``)."""
+def add_step_route(router: APIRouter, game: Game) -> None:
+    """``POST /step``: one action, answered in the game's own shape (`STEPS`). `StepFastPath`
+    answers the well-formed ones; this route documents it and answers the rest (401, 422)."""
 
     @router.post("/step")
     @agentgym_answer
     async def step(body: StepBody) -> Any:
-        return (await game.play(body.id, body.action, reply, allow_done=allow_done))[1]
+        return await play_step(game, body)
+
+
+async def play_step(game: Game, body: StepBody) -> dict[str, Any]:
+    reply, allow_done = STEPS[game.name]
+    return (await game.play(body.id, body.action, reply, allow_done=allow_done))[1]
 
 
 # --------------------------------------------------------------------------------- TextCraft
@@ -273,7 +287,7 @@ def textcraft_routes(game: Game) -> APIRouter:
         }
         return payload
 
-    add_step_route(router, game, _textcraft_reply, allow_done=True)
+    add_step_route(router, game)
 
     @router.post("/reset")
     @agentgym_answer
@@ -327,7 +341,7 @@ def _num_tasks(game: Game) -> int:
 
 
 def babyai_routes(game: Game) -> APIRouter:
-    router = session_router(game, "This is environment BabyAI.", _babyai_start, _babyai_reply)
+    router = session_router(game, "This is environment BabyAI.", _babyai_start)
 
     @router.get("/observation")
     @agentgym_answer
@@ -374,7 +388,7 @@ def babyai_routes(game: Game) -> APIRouter:
 
 
 def sciworld_routes(game: Game) -> APIRouter:
-    router = session_router(game, "This is environment ScienceWorld.", _sciworld_start, _sciworld_reply)
+    router = session_router(game, "This is environment ScienceWorld.", _sciworld_start)
 
     @router.post("/step_visual")
     @agentgym_answer
@@ -505,6 +519,14 @@ ROUTES: dict[str, Callable[[Game], APIRouter]] = {
     "sciworld": sciworld_routes,
 }
 
+# Each game's answer to ``/step`` and whether a finished episode may still be stepped (TextCraft's
+# server lets it: the env refuses the action, answered as AgentGym's does).
+STEPS: dict[str, tuple[Reply, bool]] = {
+    "textcraft": (_textcraft_reply, True),
+    "babyai": (_babyai_reply, False),
+    "sciworld": (_sciworld_reply, False),
+}
+
 
 def agentgym_server(name: str, services: Services) -> FastAPI:
     """An AgentGym-shaped server for game ``name``, sharing the service's envs and settings."""
@@ -525,7 +547,91 @@ def agentgym_server(name: str, services: Services) -> FastAPI:
     return server
 
 
-def mount(app: FastAPI, services: Services) -> None:
-    """Mount one AgentGym-compatible server per game at ``/agentgym/<game>``."""
+def mount(app: FastAPI, services: Services) -> dict[str, Game]:
+    """Mount one AgentGym-compatible server per game at ``/agentgym/<game>``; its games, by
+    mount path of their ``/step`` (for `StepFastPath`)."""
+    steps = {}
     for name in GAMES:
-        app.mount(f"/agentgym/{name}", agentgym_server(name, services))
+        server = agentgym_server(name, services)
+        app.mount(f"/agentgym/{name}", server)
+        steps[f"/agentgym/{name}/step"] = server.state.game
+    return steps
+
+
+class StepFastPath:
+    """ASGI middleware answering a well-formed ``POST /agentgym/<game>/step`` (nearly every call
+    of an evaluation) without FastAPI's per-request machinery: the mounted app's middleware, its
+    routing, dependency solving and response encoding cost several times the game's step.
+
+    The route's rules hold: a request without the service's API key, with a body that is not
+    strict JSON (`strict_json`) or not a `StepBody`, or of another content type, goes on to the
+    route, which answers it (401, 422) as before, from the same bytes. The answer is the route's,
+    byte for byte (`play_step` in AgentGym's error style, encoded as FastAPI's `JSONResponse`).
+    Add it innermost: CORS, the key gate, the body size limit and the Ray hosts' router still
+    see every request."""
+
+    def __init__(self, app: ASGIApp, steps: dict[str, Game], settings: Settings) -> None:
+        self.app = app
+        self.steps = steps
+        self.settings = settings
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        game = self.steps.get(scope["path"]) if scope["type"] == "http" else None
+        if game is None or scope["method"] != "POST" or not self._acceptable(scope):
+            await self.app(scope, receive, send)
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before sending its body
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            step = StepBody.model_validate(strict_json(body))
+        except ValueError:  # the route answers it (FastAPI's 422)
+            await self.app(scope, _replay(body, receive), send)
+            return
+        payload = await answer(play_step(game, step))
+        try:
+            content = _dumps(payload)
+        except TypeError:
+            content = _dumps(jsonable_encoder(payload))
+        headers = [(b"content-length", str(len(content)).encode()), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": content})
+
+    def _acceptable(self, scope: Scope) -> bool:
+        """A JSON body (or none declared, which FastAPI reads as JSON) and the key, if one is set."""
+        headers = Headers(scope=scope)
+        if headers.get("content-type", "application/json") != "application/json":
+            return False
+        expected = self.settings.environment_api_key
+        if expected is not None:
+            try:
+                check_key(HTTPConnection(scope), expected)
+            except Unauthorized:
+                return False
+        return True
+
+
+def _dumps(content: Any) -> bytes:
+    """As Starlette's `JSONResponse` renders."""
+    text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
+    return text.encode()
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """``receive`` with ``body`` (already read) given again first."""
+    pending = True
+
+    async def replayed() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
