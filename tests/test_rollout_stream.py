@@ -83,7 +83,10 @@ def wait_until_sampling(client: httpx.Client, stream_id: str) -> None:
     """Until every running group of the stream has made LLM calls (played an op or more)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        runs = client.get("/run/list", params={"limit": 100}).json()["runs"]
+        runs, offset = [], 0
+        while offset is not None:  # every page: a server that ran other tests lists more than one
+            page = client.get("/run/list", params={"limit": 100, "offset": offset}).json()
+            runs, offset = runs + page["runs"], page["next_offset"]
         running = [r for r in runs if r["kind"] == "group" and r["status"] == "running"]
         if running and all(r["ops_executed"] >= 2 for r in running):
             return

@@ -251,7 +251,9 @@ def test_a_stream_of_groups_spans_weight_pushes_each_span_tagged_with_the_weight
             "env": {"env_name": "babyai", "seed": 11},
             # chat turns (no token stream): every decision its own call, tagged on its own
             "policy": {"policy_name": "babyai-agent", "config": {**SHORT, "token_stream": "off"}},
-            "max_turns": 8,
+            # long enough that a group is still playing when the push lands (a quiet vLLM
+            # answers these 24-token turns in tens of ms)
+            "max_turns": 30,
             "record": {"logprobs": True},
         },
         "in_flight": 2,
