@@ -69,6 +69,15 @@ def completion_budget(prompt_tokens: int, max_tokens: int | None, max_model_len:
     return room if max_tokens is None else min(max_tokens, room)
 
 
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """A completion's ``usage`` object."""
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
 def error_body(message: str, kind: str, code: int) -> dict[str, Any]:
     """OpenAI's error body, as vLLM sends it."""
     return {"error": {"message": message, "type": kind, "param": None, "code": code}}

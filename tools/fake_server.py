@@ -38,6 +38,7 @@ from inference.completions import (
     context_error,
     error_body,
     text_choice,
+    usage,
 )
 from inference.toy_tokenizer import (
     TURN_END,
@@ -322,11 +323,7 @@ def build_text_completion(
         "created": int(time.time()),
         "model": body.get("model") or cfg.model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
+        "usage": usage(len(prompt_ids), completion_tokens),
     }
 
 
@@ -356,11 +353,7 @@ def build_completion(
         "created": int(time.time()),
         "model": body.get("model") or cfg.model,
         "choices": choices,
-        "usage": {
-            "prompt_tokens": len(prompt_ids),
-            "completion_tokens": completion_tokens,
-            "total_tokens": len(prompt_ids) + completion_tokens,
-        },
+        "usage": usage(len(prompt_ids), completion_tokens),
         "prompt_logprobs": None,
     }
     if body.get("return_token_ids") and cfg.supports_token_ids:
@@ -486,16 +479,22 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         message = f"Incorrect API key provided: {given[:12]}****. Check your key."
         return JSONResponse(error_body(message, "AuthenticationError", 401), 401)
 
+    async def _authorized_json(request: Request) -> Any:
+        """The request's JSON body, or the 401 / 400 answer that refuses it."""
+        if denied := _unauthorized(request):
+            return denied
+        try:
+            return await request.json()
+        except ValueError:
+            return JSONResponse(error_body("body is not valid JSON", "BadRequestError", 400), 400)
+
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         arrived = time.monotonic()
         number = state.count_route("chat")
-        if denied := _unauthorized(request):
-            return denied
-        try:
-            body = await request.json()
-        except ValueError:
-            return JSONResponse(error_body("body is not valid JSON", "BadRequestError", 400), 400)
+        body = await _authorized_json(request)
+        if isinstance(body, Response):
+            return body
         cfg = state.config
         if invalid := _validate_body(body, cfg):
             return invalid
@@ -518,12 +517,9 @@ def create_fake_app(config: FakeConfig | None = None) -> FastAPI:
         """vLLM's completions API: a text or token-id prompt (what a token-in/token-out rollout
         sends), answered with the completion's text, ``token_ids`` and logprobs."""
         number = state.count_route("completions")
-        if denied := _unauthorized(request):
-            return denied
-        try:
-            body = await request.json()
-        except ValueError:
-            return JSONResponse(error_body("body is not valid JSON", "BadRequestError", 400), 400)
+        body = await _authorized_json(request)
+        if isinstance(body, Response):
+            return body
         cfg = state.config
         if invalid := _validate_completion(body, cfg):
             return invalid

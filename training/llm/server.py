@@ -54,6 +54,7 @@ from inference.completions import (
     context_error,
     error_body,
     text_choice,
+    usage,
 )
 from inference.reasoning import split_reasoning
 from inference.tool_calls import parse_tool_calls
@@ -632,11 +633,7 @@ def create_model_app(engine: ModelEngine, *, trust_request_chat_template: bool =
             "created": int(time.time()),
             "model": engine.served_name,
             "choices": choices,
-            "usage": {
-                "prompt_tokens": len(prompt),
-                "completion_tokens": completion_tokens,
-                "total_tokens": len(prompt) + completion_tokens,
-            },
+            "usage": usage(len(prompt), completion_tokens),
             "prompt_logprobs": None,
         }
         if req.return_token_ids:
@@ -687,11 +684,7 @@ def create_model_app(engine: ModelEngine, *, trust_request_chat_template: bool =
                 "created": int(time.time()),
                 "model": engine.served_name,
                 "choices": choices,
-                "usage": {
-                    "prompt_tokens": len(prompt),
-                    "completion_tokens": completion_tokens,
-                    "total_tokens": len(prompt) + completion_tokens,
-                },
+                "usage": usage(len(prompt), completion_tokens),
             }
         )
 
