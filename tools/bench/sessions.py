@@ -21,6 +21,7 @@ import json
 import random
 import resource
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ class SessionsPlan:
     period_s: float  # one step per session per period
     hold_s: float  # measured per level, after every session of the level is open
     drain_s: float  # after dropping every socket: how long the envs may take to go
+    open_s: float = 120.0  # a level's sessions not open by then are refused (a level that slow failed)
 
 
 SESSION_PLANS = {
@@ -64,6 +66,7 @@ class Level:
     p50_ms: float | None = None
     p99_ms: float | None = None
     rss_per_session_kb: float | None = None
+    open_s: float | None = None  # how long the level took to open
     errors: dict[str, int] = field(default_factory=dict)
 
     @property
@@ -127,12 +130,17 @@ class Load:
         return str(reply)
 
     async def open_ws(self, url: str, i: int) -> ClientConnection | None:
+        ws: ClientConnection | None = None
         try:
             ws = await connect(url, compression=None, open_timeout=60, max_size=None, ping_interval=None)
             await self._ask(ws, json.dumps({"type": "reset", "data": {"seed": i % 544}}))
         except Exception as exc:
             _count(self.errors, f"open: {type(exc).__name__}: {exc}")
             return None
+        except BaseException:  # cancelled at the level's deadline: no half-open socket left behind
+            if ws is not None:
+                ws.transport.abort()
+            raise
         return ws
 
     async def play_ws(self, ws: ClientConnection, i: int, phase: float) -> None:
@@ -209,7 +217,17 @@ async def hold_sessions(
         for target in plan.levels:
             level = Level(sessions=target)
 
-            async def open_one(i: int) -> bool:
+            open_by = asyncio.get_running_loop().time() + plan.open_s
+
+            async def open_one(i: int, open_by: float = open_by) -> bool:
+                try:
+                    async with asyncio.timeout_at(open_by):
+                        return await open_and_play(i)
+                except TimeoutError:
+                    _count(load.errors, f"open: not open within {plan.open_s:g} s")
+                    return False
+
+            async def open_and_play(i: int) -> bool:
                 async with gate:
                     if transport == "openenv":
                         ws = await load.open_ws(ws_url, i)
@@ -235,13 +253,15 @@ async def hold_sessions(
             started = time.monotonic()
             results = await asyncio.gather(*(open_one(i) for i in range(opened_total, target)))
             opened_total = target
-            load.take()  # the latencies while opening are not the level's
+            open_errors = load.take()[2]  # the latencies while opening are not the level's
             level.opened = (levels[-1].opened if levels else 0) + results.count(True)
             level.refused = results.count(False)
-            log(f"    {transport}: {level.opened}/{target} open in {time.monotonic() - started:.1f} s")
+            level.open_s = round(time.monotonic() - started, 2)
+            log(f"    {transport}: {level.opened}/{target} open in {level.open_s} s")
             await asyncio.sleep(plan.hold_s)
             latencies, failed, errors = load.take()
-            level.steps, level.failed_steps, level.errors = len(latencies), failed, errors
+            level.steps, level.failed_steps = len(latencies), failed
+            level.errors = dict(Counter(open_errors) + Counter(errors))
             level.p50_ms = _ms(_percentile(latencies, 0.5))
             level.p99_ms = _ms(_percentile(latencies, 0.99))
             level.rss_per_session_kb = round(
