@@ -8,8 +8,10 @@ sampler; between the reload and the sampler's resume the stream is told the new 
 calls it tags afterwards are the new weights' and a group that spans the push carries both
 versions, decision by decision. Staleness is the stream's: a group whose oldest span is more than
 ``max_staleness`` versions behind is dropped or restarted there (``stale_policy``), and the batch
-builder still drops any decision beyond it. The fidelity check recomputes each decision under
-the weights that sampled it (`span_fidelity`: the versions still on disk), not the current ones.
+builder still drops any decision beyond it. The fidelity check recomputes each span (a decision,
+or one completion of a token stream) under the weights that sampled it, not the current ones
+(`span_fidelity`: a stream that crossed a push is run once per version; versions no longer on
+disk are counted unchecked).
 
 `training` never imports `grpo_service`: the task app comes in as an object with
 ``open_stream(body) -> GroupStream`` (`StreamingTaskApp`;
