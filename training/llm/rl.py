@@ -81,12 +81,15 @@ class Sample:
             [0.0] * p + [1.0] * c,
             [0.0] * p + list(self.old_logprobs),
             [self.advantage] * (p + c),
+            [Span(p, p + c, self.turn, self.weights_version)],
         )
 
 
 @dataclass
 class StreamSample:
-    """One token stream to train on: an episode (or segment) as one sequence."""
+    """One token stream to train on: an episode (or segment) as one sequence; its
+    ``weights_version`` is its oldest span's (the one its staleness is counted by), and the
+    version of each span it trains on is in ``train.spans``."""
 
     train: TrainRow
     group: int
@@ -566,7 +569,7 @@ def train_rl(config: RLConfig, ctx: Any = None, *, task_app: TaskApp, console: A
             record["rollout_tokens_per_s"] = round(record["completion_tokens"] / max(rollout_s, 1e-9), 2)
             if batch.samples:
                 t1 = time.monotonic()
-                if config.mode == "async":  # each decision under the weights that sampled it
+                if config.mode == "async":  # each span under the weights that sampled it
                     fidelity, checked = span_fidelity(batch.samples, version, model, weights_dir, pad_id)
                     record.update(checked)
                 metrics = update(model, ref_model, optimizer, batch.samples, config, pad_id)

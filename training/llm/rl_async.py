@@ -8,8 +8,10 @@ sampler; between the reload and the sampler's resume the stream is told the new 
 calls it tags afterwards are the new weights' and a group that spans the push carries both
 versions, decision by decision. Staleness is the stream's: a group whose oldest span is more than
 ``max_staleness`` versions behind is dropped or restarted there (``stale_policy``), and the batch
-builder still drops any decision beyond it. The fidelity check recomputes each decision under
-the weights that sampled it (`span_fidelity`: the versions still on disk), not the current ones.
+builder still drops any decision beyond it. The fidelity check recomputes each span (a decision,
+or one completion of a token stream) under the weights that sampled it, not the current ones
+(`span_fidelity`: a stream that crossed a push is run once per version; versions no longer on
+disk are counted unchecked).
 
 `training` never imports `grpo_service`: the task app comes in as an object with
 ``open_stream(body) -> GroupStream`` (`StreamingTaskApp`;
@@ -31,6 +33,7 @@ import torch
 from training.llm.config import RLConfig
 from training.llm.logprobs import TokenBatch, token_logprobs
 from training.llm.model import load
+from training.llm.streams import TrainRow
 
 TAKE_WAIT_S = 30.0  # one long poll; a step waits up to the rollout timeout in all
 
@@ -178,37 +181,44 @@ def group_source(
 def span_fidelity(
     samples: list[Any], version: int, model: Any, weights_dir: Path, pad_id: int
 ) -> tuple[float, Counter[str]]:
-    """The largest |sampler logprob − trainer logprob| over ``samples``, each recomputed under the
-    weights of the version that sampled it: the live ``model`` for ``version``, the saved
-    ``weights_dir/step-{v}`` for an older ``v``. A sample's ``weights_version`` is exact for a
-    decision; for a token stream it is its oldest span's, so a stream sampled before ``version``
-    (which may span a push) is counted unchecked, as is a version no longer on disk."""
-    by_version: dict[int, list[Any]] = {}
+    """The largest |sampler logprob − trainer logprob| over the spans ``samples`` train on, each
+    span recomputed under the weights of the version that sampled it: the live ``model`` for
+    ``version`` (and for a span that names none), the saved ``weights_dir/step-{v}`` for an older
+    ``v``, loaded once. A sequence whose spans come from several versions (a token stream that
+    crossed a push) is run once under each, compared on that version's spans only. Counted in
+    spans (a decision is one): ``fidelity_checked_spans``, and ``fidelity_unchecked_spans`` for
+    the spans of a version no longer on disk."""
+    by_version: dict[int, list[tuple[TrainRow, list[float]]]] = {}
+    spans: Counter[int] = Counter()
+    for row in (s.row() for s in samples):
+        masks: dict[int, list[float]] = {}
+        for span in row.spans:
+            v = span.weights_version if span.weights_version is not None else version
+            mask = masks.get(v)
+            if mask is None:
+                mask = masks[v] = [0.0] * len(row.ids)
+                by_version.setdefault(v, []).append((row, mask))
+            mask[span.start : span.end] = [1.0] * (span.end - span.start)
+            spans[v] += 1
     stats: Counter[str] = Counter()
-    for s in samples:
-        v = s.weights_version if s.weights_version is not None else version
-        if v != version and hasattr(s, "train"):  # a stream begun under older weights
-            stats["fidelity_unchecked_samples"] += 1
-            continue
-        by_version.setdefault(v, []).append(s)
     worst = 0.0
-    for v, group in sorted(by_version.items()):
+    for v, rows in sorted(by_version.items()):
         if v == version:
             scorer = model
         elif (weights_dir / f"step-{v}" / "config.json").is_file():
             scorer = load(weights_dir / f"step-{v}")[0]
         else:
-            stats["fidelity_unchecked_samples"] += len(group)
+            stats["fidelity_unchecked_spans"] += spans[v]
             continue
         with torch.no_grad():
-            for i in range(0, len(group), 8):
-                rows = [s.row() for s in group[i : i + 8]]
-                tokens = TokenBatch.from_rows([r.ids for r in rows], [r.mask for r in rows], pad_id)
+            for i in range(0, len(rows), 8):
+                chunk = rows[i : i + 8]
+                tokens = TokenBatch.from_rows([r.ids for r, _ in chunk], [m for _, m in chunk], pad_id)
                 new = token_logprobs(scorer, tokens)
                 old = torch.zeros_like(new)
-                for j, r in enumerate(rows):
+                for j, (r, _) in enumerate(chunk):
                     old[j, : len(r.ids)] = torch.tensor(r.old_logprobs, dtype=new.dtype)
                 gap = ((new - old).abs() * tokens.completion_mask).max()
                 worst = max(worst, float(gap))
-        stats["fidelity_checked_samples"] += len(group)
+        stats["fidelity_checked_spans"] += spans[v]
     return worst, stats

@@ -61,12 +61,14 @@ class TokenStream:
 @dataclass(slots=True)
 class TrainRow:
     """One training sequence: ``mask`` 1 on the tokens trained on, ``old_logprobs`` and
-    ``advantages`` aligned with ``ids`` (0 where not trained)."""
+    ``advantages`` aligned with ``ids`` (0 where not trained), ``spans`` the completions trained
+    on, each with the weights version that sampled it."""
 
     ids: list[int]
     mask: list[float]
     old_logprobs: list[float]
     advantages: list[float]
+    spans: list[Span] = field(default_factory=list)
 
 
 def stream_row(
@@ -79,6 +81,7 @@ def stream_row(
     mask = [0.0] * n
     advantages = [0.0] * n
     dropped = 0
+    kept: list[Span] = []
     for span in stream.spans:
         advantage = advantage_of(span.turn)
         if advantage is None:
@@ -86,10 +89,11 @@ def stream_row(
         if not keep(span):
             dropped += 1
             continue
+        kept.append(span)
         width = span.end - span.start
         mask[span.start : span.end] = [1.0] * width
         advantages[span.start : span.end] = [advantage] * width
     if not any(mask):
         return None, dropped
     old = [lp if m else 0.0 for lp, m in zip(stream.logprobs, mask, strict=True)]
-    return TrainRow(list(stream.token_ids), mask, old, advantages), dropped
+    return TrainRow(list(stream.token_ids), mask, old, advantages, kept), dropped
