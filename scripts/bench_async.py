@@ -120,6 +120,7 @@ def run_ours(args: argparse.Namespace, sft: str, out: Path, seed: int, mode: str
         "wall_s": round(wall, 2),
         "episodes_trained": episodes,
         "optimizer_steps": len(rows),
+        "steps_without_signal": sum(1 for r in rows if not r.get("samples")),  # no update made
         "s_per_1000_episodes": round(wall / max(episodes, 1) * 1000, 1),
         "trainer_idle": round(waiting / wall, 4),
         "sampler_idle": round(1 - sampler_busy, 4),
@@ -214,6 +215,8 @@ def run_trl(args: argparse.Namespace, sft: str, out: Path, seed: int) -> dict[st
         "wall_s": round(wall, 2),
         "episodes_trained": episodes,
         "optimizer_steps": trainer.state.global_step,
+        # a step on B groups all without signal: zero gradient (AdamW's momentum still moves)
+        "steps_without_signal": sum(1 for x in logs if "grad_norm" in x and x["grad_norm"] == 0),
         "s_per_1000_episodes": round(wall / max(episodes, 1) * 1000, 1),
         "trainer_idle": round(min(1.0, waiting / wall), 4),
         "sampler_idle": round(1 - busy, 4),
