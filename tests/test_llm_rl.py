@@ -43,6 +43,9 @@ def test_advantages_are_group_relative_and_every_decision_is_a_sample() -> None:
     adv = [s.advantage for s in batch.samples]
     assert adv[0] == adv[1] > 0 > adv[2] and adv[0] == pytest.approx(-adv[2])
     assert batch.stats["zero_advantage_samples"] == 2  # the all-equal group contributes nothing
+    every = build_batch(groups, CONFIG, version=3, keep_zero_advantage=True)  # a counting consumer
+    assert [(s.run_id, s.advantage) for s in every.samples[3:]] == [("b.0", 0.0), ("b.1", 0.0)]
+    assert every.samples[:3] == batch.samples and not every.stats["zero_advantage_samples"]
     s = batch.samples[0]
     assert s.prompt_ids == [1, 2, 3] and s.completion_ids == [7, 8] and s.old_logprobs == [-0.5, -0.25]
 

@@ -144,6 +144,10 @@ def test_the_trainer_trains_one_sequence_per_stream(
     batch = build_batch([group], config, version=0)
     assert batch.samples and all(isinstance(s, StreamSample) for s in batch.samples)
     assert batch.stats["streams"] == 2 and batch.stats["decisions_without_tokens"] == 0
+    flat = config.model_copy(update={"format_penalty": 0.0, "kl_coef": 0.0})  # equal rewards
+    assert not build_batch([group], flat, version=0).samples  # no signal, no sample
+    kept = build_batch([group], flat, version=0, keep_zero_advantage=True)  # a counting consumer
+    assert len(kept.samples) == 2 and not any(any(s.train.advantages) for s in kept.samples)
     model, tokenizer = load(model_dir)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

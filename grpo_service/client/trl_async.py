@@ -78,19 +78,26 @@ def credit_config(
     )
 
 
-def decision_samples(taken: models.StreamGroup, credit: Any) -> list[Any]:
+def decision_samples(
+    taken: models.StreamGroup, credit: Any, *, keep_zero_advantage: bool = False
+) -> list[Any]:
     """TRL ``RolloutSample``s of a finished group: one per episode token stream (when the policy
     played one and the credit is per rollout) or per decision: the tokens as the sampler saw them,
     the sampled ones masked in, the sampler's logprobs (0 elsewhere), the advantage, and the
-    version of the weights that sampled it (a stream's oldest span's). Samples with no advantage
-    or no tokens are left out (`training.llm.rl.build_batch` counts them)."""
+    version of the weights that sampled it (a stream's oldest span's). Samples with no tokens are
+    left out, and so are those with no advantage (no gradient) unless ``keep_zero_advantage``:
+    then a group played as streams gives one sample per episode, so TRL's fixed-count batching
+    (``token_budget=0``) makes each optimizer step a fixed number of groups
+    (`training.llm.rl.build_batch` counts what it leaves out)."""
     import numpy as np
     from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
 
     from training.llm.rl import build_batch
 
     group = taken.group.model_dump(mode="json")
-    batch = build_batch([group], credit, version=taken.newest_version or 0)
+    batch = build_batch(
+        [group], credit, version=taken.newest_version or 0, keep_zero_advantage=keep_zero_advantage
+    )
     reward_mean = sum(batch.rewards) / len(batch.rewards) if batch.rewards else 0.0
     now = time.time()
     out = []

@@ -266,18 +266,23 @@ def tree_credit(groups: list[dict[str, Any]], config: RLConfig, stats: Counter[s
     return credit
 
 
-def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) -> Batch:
+def build_batch(
+    groups: list[dict[str, Any]], config: RLConfig, version: int, *, keep_zero_advantage: bool = False
+) -> Batch:
     """Advantages (`group_credit` or `tree_credit`), then the training sequences: one per token
     stream (``sequences = "stream"``), and one per recorded decision outside any stream. An
     invalid turn's completion is the sampler's as much as a valid one's, so it is trained on with
-    its advantage (the format penalty is what makes it worse than a valid turn)."""
+    its advantage (the format penalty is what makes it worse than a valid turn). A sample with no
+    advantage and no KL term carries no gradient and is left out, unless ``keep_zero_advantage``
+    (a consumer that counts samples, such as a fixed-count batcher, then sees every episode)."""
     stats: Counter[str] = Counter()
     credit = (tree_credit if config.advantage == "tree" else group_credit)(groups, config, stats)
     stats["groups"] = len(groups)
     samples: list[Sample | StreamSample] = []
     streamed: set[tuple[str, int]] = set()
+    drop_zero = config.kl_coef == 0 and not keep_zero_advantage
     if config.sequences == "stream":
-        samples += _stream_samples(groups, credit, config, version, stats, streamed)
+        samples += _stream_samples(groups, credit, config, version, stats, streamed, drop_zero)
     for advantage, g, member, run_id, step in credit.decisions:
         llm = step.get("llm")
         if llm is None or (run_id, step["turn"]) in streamed:
@@ -294,7 +299,7 @@ def build_batch(groups: list[dict[str, Any]], config: RLConfig, version: int) ->
         if sampled_by is not None and version - sampled_by > config.max_staleness:
             stats["stale_samples"] += 1
             continue
-        if advantage == 0.0 and config.kl_coef == 0:  # no gradient at all
+        if advantage == 0.0 and drop_zero:  # no gradient at all
             stats["zero_advantage_samples"] += 1
             continue
         turn = step["turn"]
@@ -309,6 +314,7 @@ def _stream_samples(
     version: int,
     stats: Counter[str],
     streamed: set[tuple[str, int]],
+    drop_zero: bool,
 ) -> list[StreamSample]:
     """One sample per token stream of the played members; the (run id, turn) of every span
     trained this way is added to ``streamed`` (those decisions are not trained again alone)."""
@@ -339,7 +345,7 @@ def _stream_samples(
                     stats["stale_samples"] += stale
                     if row is None:
                         continue
-                    if config.kl_coef == 0 and not any(row.advantages):
+                    if drop_zero and not any(row.advantages):
                         stats["zero_advantage_samples"] += 1
                         continue
                     _, g, m = of_turn[(run_id, turns[0])]
