@@ -264,6 +264,7 @@ CASES: dict[str, Case] = {
     "full-width action name": Case("/env/step", {"env_id": "{env}", "action": "ｄｏ"}, 400, "invalid_action"),
     "rl_run_id with non-ASCII letters": Case("/env/create", {"env_name": "crafter", "rl_run_id": "ünï"}),
     "lone surrogate escape": Case("/env/create", raw=b'{"env_name": "\\ud800crafter"}'),
+    "a body that is not UTF-8": Case("/env/create", raw=b'{"env_name": "cr\xffafter"}'),
     # Policy configs that used to fail only at the first step
     "inference_url not http": Case(
         "/policy/create",
@@ -318,7 +319,8 @@ def send(client: httpx.Client, case: Case, ids: dict[str, str]) -> httpx.Respons
         chunks = (b" " * 8192 for _ in range(MAX_BODY // 8192 + 2))
         return client.post(case.path, content=chunks, headers=headers)
     if case.raw is not None:
-        return client.post(case.path, content=fill(case.raw.decode(), ids).encode(), headers=headers)
+        raw = fill(case.raw.decode(), ids).encode() if case.raw.isascii() else case.raw
+        return client.post(case.path, content=raw, headers=headers)
     return client.post(case.path, json=fill(case.body, ids), headers=headers)
 
 

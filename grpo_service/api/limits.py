@@ -95,14 +95,17 @@ def strict_json(body: bytes | str) -> Any:
     """Parse standard JSON only (`json.JSONDecodeError` otherwise): Python's `json` accepts ``NaN``,
     ``Infinity``, ``1e400`` (→ inf) and lone UTF-16 surrogate escapes (``"\\ud800"``): none is valid
     JSON text, and once parsed each crashes a strict encoder downstream (the response, the OpenAI
-    client). Nesting deeper than `MAX_JSON_DEPTH` is refused too, as a decode error: nesting past
-    what the parser can recurse (about 1,000 levels: a few KB of ``[``) included, which Python's
-    `json` answers with a `RecursionError` (a 500, or a traceback per WebSocket frame)."""
+    client). Bytes that are not UTF-8 (nor UTF-16/32) text are a decode error too. Nesting deeper
+    than `MAX_JSON_DEPTH` is refused too, as a decode error: nesting past what the parser can
+    recurse (about 1,000 levels: a few KB of ``[``) included, which Python's `json` answers with
+    a `RecursionError` (a 500, or a traceback per WebSocket frame)."""
     raw = body.encode() if isinstance(body, str) else body
     try:
         value = _STRICT_DECODER.decode(raw.decode(json.detect_encoding(raw), "surrogatepass"))
     except RecursionError:
         raise _nested_too_deep() from None
+    except UnicodeDecodeError as exc:  # FastAPI would answer it with a bare 400
+        raise json.JSONDecodeError(f"the body is not UTF-8 text ({exc.reason})", "", exc.start) from None
     # Only a body with more brackets than the limit can nest that deep: count at C speed.
     if raw.count(b"{") + raw.count(b"[") > MAX_JSON_DEPTH and too_deep(value):
         raise _nested_too_deep()
