@@ -799,6 +799,11 @@ class Bench:
                 if report["rss_per_session_kb"] is not None:
                     self.samples.add("sessions_rss_per_session_kb", report["rss_per_session_kb"])
         self.log(f"  {summary(reports)}")
+        if self.plan.mode == "smoke":  # it would start a Ray cluster of its own: --quick and full only
+            for key in ("sessions_held_ray", "sessions_p99_step_ms_ray", "sessions_leaked_ray"):
+                self.samples.skipped[key] = "the smoke run holds sessions embedded only"
+            self.samples.extra["sessions"] = reports
+            return
         self.log("live sessions through Ray (2 hosts, unpinned)")
         ray = {"ray_address": "local", "ray_hosts": 2, "ray_host_cpus": 0.0}
         with pinned(self.layout.harness):
