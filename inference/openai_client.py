@@ -11,21 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
 import math
 import os
 import random
+import sys
 import time
 import urllib.parse
 import weakref
 from collections import OrderedDict
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-import openai
 import orjson
 import pydantic
 import yarl
@@ -46,6 +47,9 @@ from inference.transport import (
     too_large,
 )
 
+if TYPE_CHECKING:
+    import openai
+
 # Generous: a hidden per-client connection cap silently serializes concurrent rollouts. Idle
 # connections are dropped before the server's own idle timeout (uvicorn's and so vLLM's: 5 s), or
 # a request sent on a connection the server is closing fails with a connection error.
@@ -57,13 +61,23 @@ HTTP_LIMITS = httpx2.Limits(
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024
 # Keys of a request that are call options, not body fields (as `chat.completions.create` takes them).
 _OPTION_KEYS = ("extra_body", "extra_headers", "extra_query")
-# Newer openai releases name the auth scheme per call in the request options (`create` passes
-# the same); without it they send no Authorization header.
-_AUTH_OPTION = (
-    {"security": {"bearer_auth": True}}
-    if "security" in getattr(openai, "RequestOptions", dict).__annotations__
-    else {}
-)
+
+
+def _sdk() -> Any:
+    """The openai package, imported on first use: only ``transport="sdk"`` needs it, and importing
+    it costs about half a second (every Ray host, CLI and subprocess would pay it at start)."""
+    import openai
+
+    return openai
+
+
+@functools.cache
+def _auth_option() -> dict[str, Any]:
+    """Newer openai releases name the auth scheme per call in the request options (`create`
+    passes the same); without it they send no Authorization header."""
+    if "security" in getattr(_sdk(), "RequestOptions", dict).__annotations__:
+        return {"security": {"bearer_auth": True}}
+    return {}
 
 
 def normalize_base_url(url: str) -> str:
@@ -160,22 +174,36 @@ def _refused(exc: BaseException) -> OSError | None:
 
 def _classify(exc: BaseException) -> InferenceError | None:
     """Map an exception from one attempt to an InferenceError (None: not ours to handle)."""
+    openai = sys.modules.get("openai")  # not imported: no exception of the SDK's to map
+    if openai is None:
+        return _classify_plain(exc)
     if isinstance(exc, (TimeoutError, openai.APITimeoutError)):
         refused = _refused(exc) if isinstance(exc, openai.APITimeoutError) else None
         if refused is not None:
             return InferenceError("connection_error", f"{type(refused).__name__}: {refused}")
         return InferenceError("timeout", "request timed out")
-    if isinstance(exc, httpx2.TimeoutException):  # reading an error page's body
-        return InferenceError("timeout", "request timed out")
-    if isinstance(exc, httpx2.TransportError):
-        return InferenceError("connection_error", f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, (httpx2.TimeoutException, httpx2.TransportError)):
+        return _classify_plain(exc)
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
         return InferenceError("connection_error", detail)
     if isinstance(exc, openai.APIStatusError):
         return status_error(exc.status_code, exc.message, exc.response.headers)
-    if isinstance(exc, (openai.APIResponseValidationError, json.JSONDecodeError, pydantic.ValidationError)):
+    if isinstance(exc, openai.APIResponseValidationError):
+        return InferenceError("malformed_response", f"{type(exc).__name__}: {exc}")
+    return _classify_plain(exc)
+
+
+def _classify_plain(exc: BaseException) -> InferenceError | None:
+    """`_classify` for the exceptions that are not the openai SDK's own."""
+    if isinstance(exc, TimeoutError):
+        return InferenceError("timeout", "request timed out")
+    if isinstance(exc, httpx2.TimeoutException):  # reading an error page's body
+        return InferenceError("timeout", "request timed out")
+    if isinstance(exc, httpx2.TransportError):
+        return InferenceError("connection_error", f"{type(exc).__name__}: {exc}")
+    if isinstance(exc, (json.JSONDecodeError, pydantic.ValidationError)):
         return InferenceError("malformed_response", f"{type(exc).__name__}: {exc}")
     return classify_lean(exc)
 
@@ -381,6 +409,7 @@ def default_http_client(timeout_s: float, max_response_bytes: int = MAX_RESPONSE
     aiohttp's exceptions to httpx2's, which openai maps to its own).
     """
     timeout = httpx2.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+    openai = _sdk()
     if importlib.util.find_spec("aiohttp") is not None:
         client = openai.DefaultAioHttpClient(limits=HTTP_LIMITS, timeout=timeout)
     else:
@@ -449,7 +478,7 @@ class InferenceClient:
         if self._openai_client is None:
             if self._http is None:
                 self._http = default_http_client(self.timeout_s, self.max_response_bytes)
-            self._openai_client = openai.AsyncOpenAI(
+            self._openai_client = _sdk().AsyncOpenAI(
                 base_url=self.base_url,
                 api_key=self._api_key,
                 default_headers=proxy_auth_headers(),
@@ -624,7 +653,7 @@ class InferenceClient:
         """
         # A fixed idempotency key: the client makes a uuid4 per call otherwise, for a header
         # it sends only to servers that take one (OpenAI's chat route does not).
-        options: dict[str, Any] = {"timeout": timeout, "idempotency_key": "unused", **_AUTH_OPTION}
+        options: dict[str, Any] = {"timeout": timeout, "idempotency_key": "unused", **_auth_option()}
         if body.get("extra_headers"):
             options["headers"] = body["extra_headers"]
         if params:
