@@ -5,10 +5,18 @@ and tests/test_rollout_tokens_default.py compare the routes' bytes with pydantic
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from pydantic import BaseModel, Field, computed_field, field_serializer
+from pydantic import (
+    BaseModel,
+    Field,
+    PlainSerializer,
+    RootModel,
+    SerializeAsAny,
+    computed_field,
+    field_serializer,
+)
 
 from grpo_service.models import (
     ForkNode,
@@ -148,12 +156,33 @@ class Serialized(BaseModel):
         return str(value)
 
 
+class WithSerializer(BaseModel):
+    value: Annotated[float, PlainSerializer(lambda v: round(v), return_type=int)] = 0.5
+
+
+class AsAny(BaseModel):
+    tokens: SerializeAsAny[LLMTokens] | None = None
+
+
+class Root(RootModel[list[int]]):
+    pass
+
+
 class BaseTokens(BaseModel):
     tokens: LLMTokens | None = None  # a subclass's value is written with LLMTokens' fields
 
 
 @pytest.mark.parametrize(
-    "model", [Aliased(value=1), Computed(value=1), Serialized(value=1), BaseTokens(tokens=_llm())]
+    "model",
+    [
+        Aliased(value=1),
+        Computed(value=1),
+        Serialized(value=1),
+        WithSerializer(value=2.5),
+        AsAny(tokens=_llm()),
+        Root([1, 2]),
+        BaseTokens(tokens=_llm()),
+    ],
 )
 def test_a_model_pydantic_writes_its_own_way_is_left_to_it(model: BaseModel) -> None:
     assert _plan(type(model)) is None

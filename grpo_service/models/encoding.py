@@ -6,8 +6,9 @@ each model is encoded as its fields in order, a float field holding an int writt
 (as pydantic does), and anything orjson would write differently from pydantic (a datetime, a
 dataclass, a set, a non-string key, a model class with serializers, aliases, extras, computed
 fields or subclasses, a lone surrogate...) sends the whole answer to ``model_dump_json``
-instead. Token id lists are trusted to hold ints (the inference client checked them), not
-bools.
+instead. Integer fields and token id lists are trusted to hold ints, not bools (pydantic's
+validation makes them so; the call records built without it take them from the inference
+client's checked replies).
 """
 
 from __future__ import annotations
@@ -16,8 +17,9 @@ import types
 import typing
 from typing import Any, Literal
 
+import annotated_types
 import orjson
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator, PlainValidator, WrapValidator
 
 # How a field's value is written, when pydantic writes its numbers as floats: a float, a list or a
 # dict of them (items that may be null: "items?"); the field itself may be null ("?").
@@ -33,6 +35,16 @@ _FLOAT_KINDS: dict[Any, _Kind] = {
 }
 # orjson writes these types itself, differently from pydantic: they reach `_fields` instead.
 _OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS
+
+# Field metadata that leaves serialization alone (constraints and validators); anything else (a
+# serializer, `SerializeAsAny`...) leaves the class to pydantic.
+_VALIDATION_ONLY = (
+    annotated_types.BaseMetadata,  # Ge, MaxLen, Strict, pydantic's Field(...) constraints
+    AfterValidator,
+    BeforeValidator,
+    PlainValidator,
+    WrapValidator,
+)
 
 _plans: dict[type[BaseModel], tuple[tuple[str, _Kind], ...] | None] = {}
 
@@ -91,11 +103,20 @@ def _plan(cls: type[BaseModel]) -> tuple[tuple[str, _Kind], ...] | None:
     if decorators.field_serializers or decorators.model_serializers or decorators.computed_fields:
         return None
     config = cls.model_config
-    if config.get("extra") == "allow" or any(key.startswith("ser_json") for key in config):
+    if (
+        cls.__pydantic_root_model__
+        or config.get("extra") == "allow"
+        or any(key.startswith("ser_json") or key == "json_encoders" for key in config)
+    ):
         return None
     plan = []
     for name, field in cls.model_fields.items():
-        if field.exclude or (field.serialization_alias or field.alias or name) != name:
+        if (
+            field.exclude
+            or getattr(field, "exclude_if", None) is not None
+            or (field.serialization_alias or field.alias or name) != name
+            or not all(isinstance(m, _VALIDATION_ONLY) for m in field.metadata)
+        ):
             return None
         annotation = field.annotation
         kind = _FLOAT_KINDS.get(annotation, "")
