@@ -317,14 +317,26 @@ class CappedTransport(httpx2.AsyncBaseTransport):
         await self._inner.aclose()
 
 
+_INT_LIST_BYTES = b"0123456789,-"
+
+
 def _int_list(value: Any, what: str) -> list[int] | None:
+    """``value`` (parsed JSON) when it is a list of integers (bools are not token ids)."""
     if value is None:
         return None
-    # `type(v) is int` (bools are not token ids), checked with C-level map/set: prompts carry
-    # thousands of ids and a Python-level loop over them was 15% of a decision's client CPU.
-    if not isinstance(value, list) or not set(map(type, value)) <= {int}:
-        raise InferenceError("malformed_response", f"{what} is not a list of integers")
-    return value
+    # Prompts carry thousands of ids, so the check runs in C: a JSON list whose compact encoding
+    # is only digits, commas and minus signs holds integers only (a float has a '.' or an 'e',
+    # true/false/null letters, a string quotes, a nested list brackets). A third of the cost of
+    # `set(map(type, value))`; orjson cannot encode integers beyond 64 bits, nor does it parse them.
+    if isinstance(value, list):
+        try:
+            text = orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            pass
+        else:
+            if not text[1:-1].translate(None, _INT_LIST_BYTES):
+                return value
+    raise InferenceError("malformed_response", f"{what} is not a list of integers")
 
 
 def choice_tokens(response: dict[str, Any], index: int = 0) -> tuple[list[int] | None, list[float] | None]:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 
 from envs.crafter.actions import TOOL_SCHEMA
@@ -23,7 +24,7 @@ from inference import (
     resolve_api_key,
     shared_pool,
 )
-from inference.openai_client import redact
+from inference.openai_client import _int_list, redact
 from tools.fake_server import FakeConfig, FakeInferenceServer, build_completion
 
 MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user", "content": "Tree ahead."}]
@@ -190,6 +191,39 @@ def test_redact_catches_prefixes() -> None:
     key = "sk-abcdefghijklmnop"
     assert "abcdefgh" not in redact(f"Incorrect key {key[:12]}**** and {key}", key)
     assert redact("nothing here", "EMPTY") == "nothing here"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "[0, 1, -2, 151643, 9223372036854775807, 18446744073709551615]",
+        "[1, true]",
+        "[1, false]",
+        "[1, null]",
+        "[1, 2.0]",
+        "[1, 1e3]",
+        '[1, "2"]',
+        '["-"]',
+        "[1, [2]]",
+        "[[]]",
+        '[1, {"a": 2}]',
+        "[18446744073709551616]",
+        "{}",
+        '"1,2"',
+        "7",
+    ],
+)
+def test_token_id_lists_hold_integers_only(text: str) -> None:
+    """The reply's token id lists are checked in C (`_int_list`): the same verdict as a check of
+    every element's type, on any parsed JSON."""
+    value = orjson.loads(text)
+    exact = isinstance(value, list) and all(type(v) is int for v in value)
+    if exact:
+        assert _int_list(value, "ids") is value
+    else:
+        with pytest.raises(InferenceError, match="ids is not a list of integers"):
+            _int_list(value, "ids")
 
 
 async def test_cut_stream_is_retried(client: InferenceClient, server: FakeInferenceServer) -> None:

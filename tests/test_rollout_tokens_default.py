@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from grpo_service.models import RolloutGroupResponse
 from tests.conftest import MODEL
 from tools.fake_server import FakeConfig, FakeInferenceServer
 
@@ -18,6 +19,8 @@ def group(client: httpx.Client, **extra: object) -> dict:
     }
     r = client.post("/rollout/group", json=body)
     assert r.status_code == 200, r.text
+    # The route's bytes (orjson) are pydantic's.
+    assert r.content == RolloutGroupResponse.model_validate_json(r.content).model_dump_json().encode()
     return r.json()
 
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from grpo_service import create_app
+from grpo_service.models import RolloutGroupResponse, RolloutResponse
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
 from tests.conftest import MODEL, make_settings
@@ -211,6 +212,7 @@ def test_every_env_and_path_plays_streams_against_the_fake(
         spec = {"env": {"env_name": env, "seed": 2}, "policy": {"policy_name": policy, "config": config}}
         r = client.post("/rollout", json={**spec, "max_turns": 3})
         assert r.status_code == 200, (env, r.text)
+        assert r.content == RolloutResponse.model_validate_json(r.content).model_dump_json().encode()
         result = r.json()
         (stream,) = streams_of(result)
         assert len(stream["spans"]) == result["metrics"]["num_decisions"] == 3, (env, prompt_format)
@@ -225,6 +227,7 @@ def test_every_env_and_path_plays_streams_against_the_fake(
     for fork in (None, {"at_turns": [2], "continuations": 2}):
         r = client.post("/rollout/group", json={**spec, **({"fork": fork} if fork else {})})
         assert r.status_code == 200, r.text
+        assert r.content == RolloutGroupResponse.model_validate_json(r.content).model_dump_json().encode()
         members = [m["result"] for m in r.json()["members"]]
         assert len(members) == (6 if fork else 2)
         for result in members:

@@ -11,10 +11,12 @@ import time
 from collections import OrderedDict
 from typing import Any
 
+from pydantic import BaseModel
 from pydantic_core import to_json
 
 from grpo_service.core.registry import Hold, Registry, RunHandle
 from grpo_service.errors import CapacityExceeded, Conflict, ServiceError
+from grpo_service.models.encoding import answer_json
 
 
 class RunBook:
@@ -75,7 +77,7 @@ class RunBook:
         # Only background runs keep their result for /run/status: a blocking call has already
         # returned it.
         if result is not None and run.task is not None:
-            self._keep(run, to_json(result))
+            self._keep(run, answer_json(result) if isinstance(result, BaseModel) else to_json(result))
 
     def fail(self, run: RunHandle, exc: BaseException, prefix: str = "") -> None:
         self.finish(run, "failed", error=prefix + error_message(exc))

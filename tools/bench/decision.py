@@ -232,6 +232,7 @@ async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path
     from grpo_service.config import Settings
     from grpo_service.gc_tuning import serving_gc
     from grpo_service.models import RolloutGroupRequest
+    from grpo_service.models.encoding import answer_json
 
     settings = Settings(
         _env_file=None,  # type: ignore[call-arg]
@@ -265,9 +266,9 @@ async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path
                 t0 = time.perf_counter()
                 answers = await asyncio.gather(*(coordinator.group(r) for r in requests))
                 wall = time.perf_counter() - t0
-                # The answers as the route would send them (pydantic's JSON), inside the window.
+                # The answers as the route sends them, inside the window.
                 for answer in answers:
-                    answer.model_dump_json()
+                    answer_json(answer)
             cpu = time.process_time() - before
     finally:
         await services.client_pool.aclose()

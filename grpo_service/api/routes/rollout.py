@@ -27,6 +27,7 @@ from grpo_service.models import (
     RunStarted,
     RunStatusResponse,
 )
+from grpo_service.models.encoding import answer_json
 from grpo_service.rollout.coordinator import member_index
 
 router = service_router("rollout")
@@ -36,6 +37,11 @@ router = service_router("rollout")
 STARTED: dict[str, Any] = {"response_model": RunStarted, "status_code": 202}
 
 
+def _answer(answer: RolloutResponse | RolloutGroupResponse) -> Response:
+    """The answer as `response_model` would send it, encoded by orjson (its token ids are most of it)."""
+    return Response(answer_json(answer), media_type="application/json")
+
+
 def _started(run: RunHandle) -> RunStarted:
     return RunStarted(run_id=run.id, status="running", status_url=f"/run/status/{run.id}")
 
@@ -43,9 +49,9 @@ def _started(run: RunHandle) -> RunStarted:
 @router.post(
     "/rollout", response_model=RolloutResponse, responses=error_responses(400, 404, 409, 413, 421, 422, 429)
 )
-async def rollout(req: RolloutRequest, services: ServicesDep) -> RolloutResponse:
+async def rollout(req: RolloutRequest, services: ServicesDep) -> Response:
     """Run a coordinated rollout (``ops`` of ``agent``/``env``) and return its trajectories."""
-    return await services.coordinator.rollout(req)
+    return _answer(await services.coordinator.rollout(req))
 
 
 @router.post("/rollout/start", **STARTED, responses=error_responses(400, 404, 409, 413, 421, 422, 429))
@@ -59,9 +65,9 @@ async def rollout_start(req: RolloutRequest, services: ServicesDep) -> RunStarte
     response_model=RolloutGroupResponse,
     responses=error_responses(400, 404, 409, 413, 422, 429),
 )
-async def rollout_group(req: RolloutGroupRequest, services: ServicesDep) -> RolloutGroupResponse:
+async def rollout_group(req: RolloutGroupRequest, services: ServicesDep) -> Response:
     """G concurrent rollouts from one start state (a seed or a snapshot), for a GRPO group."""
-    return await services.coordinator.group(req)
+    return _answer(await services.coordinator.group(req))
 
 
 @router.post("/rollout/group/start", **STARTED, responses=error_responses(400, 404, 409, 413, 422, 429))
