@@ -23,7 +23,7 @@ from envs.base import ENVIRONMENTS
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
 from tests.conftest import make_settings
-from tests.openenv_venv import OpenEnvDriver
+from tests.openenv_venv import OpenEnvDriver, shared_driver
 from tools.server_thread import ServerThread
 
 MAX_ENVS = 6
@@ -39,10 +39,8 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def driver() -> Iterator[OpenEnvDriver]:
-    openenv = OpenEnvDriver()
-    yield openenv
-    openenv.close()
+def driver(pytestconfig: pytest.Config) -> OpenEnvDriver:
+    return shared_driver(pytestconfig)
 
 
 @pytest.fixture(scope="module")
