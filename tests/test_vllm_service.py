@@ -490,7 +490,7 @@ def test_vllm_failing_ends_each_rollout_with_a_structured_error(task_app, real_v
         os.killpg(engine_pids[0], signal.SIGSTOP)
         try:
             started = time.monotonic()
-            hung = post(server, "/rollout", rollout_body("vllm-hung", timeout_s=2.0))
+            hung = post(server, "/rollout", rollout_body("vllm-hung", timeout_s=1.0))
             assert time.monotonic() - started < 30
             assert hung["stop_reason"].startswith("policy_error:inference_timeout"), hung["stop_reason"]
 
