@@ -18,7 +18,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import pytest
 
 OPENENV = "openenv==0.10.0"
 VENV = Path(os.environ.get("OPENENV_VENV", Path.home() / ".cache" / "grpo-service" / "openenv-0.10.0"))
@@ -74,7 +77,11 @@ class OpenEnvDriver:
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(json.dumps(spec) + "\n")
         self.proc.stdin.flush()
-        line = self._pool.submit(self.proc.stdout.readline).result(timeout=timeout_s)
+        try:
+            line = self._pool.submit(self.proc.stdout.readline).result(timeout=timeout_s)
+        except TimeoutError:
+            self.proc.kill()  # still busy with this spec: never answer the next one with its report
+            raise
         if not line:
             self.close()
             raise RuntimeError(f"the OpenEnv driver died: {self._stderr()}")
@@ -96,3 +103,16 @@ class OpenEnvDriver:
             self.proc.kill()
             self.proc.wait(timeout=10)
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+_shared: OpenEnvDriver | None = None
+
+
+def shared_driver(config: pytest.Config) -> OpenEnvDriver:
+    """One driver for the whole test session, every module that plays OpenEnv's clients (its
+    imports are seconds of CPU), closed when the session ends; a new one if the last one died."""
+    global _shared
+    if _shared is None or _shared.proc.poll() is not None:
+        _shared = OpenEnvDriver()
+        config.add_cleanup(_shared.close)
+    return _shared

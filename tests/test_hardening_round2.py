@@ -579,7 +579,8 @@ def test_the_ray_router_never_answers_500(
 ) -> None:
     pytest.importorskip("ray")
     monkeypatch.setenv("ENVIRONMENT_API_KEY", SERVER_KEY)
-    served = serve("--workers", "2", wait_s=120)  # a local Ray cluster of two hosts
+    # A local Ray cluster of one host: what is tested is the front's router, before any host.
+    served = serve("--ray", "local", "--ray-hosts", "1", wait_s=120)
     group = '{"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}, "max_turns": 1, '
     bodies = {
         "Infinity": group + '"group_size": Infinity}',

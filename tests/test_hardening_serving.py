@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -68,8 +69,10 @@ SLOW_HTTP = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: " + b"a" * 2
 
 
 def check_header_deadline(port: int) -> None:
-    for request in (SLOW_HTTP, UPGRADE, b""):
-        answer, closed_after = trickle(port, request)
+    requests = (SLOW_HTTP, UPGRADE, b"")
+    with ThreadPoolExecutor(len(requests)) as pool:  # each on its own connection, at once
+        trickled = list(pool.map(lambda request: trickle(port, request), requests))
+    for request, (answer, closed_after) in zip(requests, trickled, strict=True):
         assert answer.startswith(b"HTTP/1.1 408"), (request[:30], answer[:200])
         assert b"request_timeout" in answer
         assert DEADLINE_S * 0.8 <= closed_after < DEADLINE_S + 2.5, closed_after

@@ -23,7 +23,7 @@ from envs.base import ENVIRONMENTS
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
 from tests.conftest import make_settings
-from tests.openenv_venv import OpenEnvDriver
+from tests.openenv_venv import OpenEnvDriver, shared_driver
 from tools.server_thread import ServerThread
 
 MAX_ENVS = 6
@@ -39,10 +39,8 @@ ENVS: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture(scope="module")
-def driver() -> Iterator[OpenEnvDriver]:
-    openenv = OpenEnvDriver()
-    yield openenv
-    openenv.close()
+def driver(pytestconfig: pytest.Config) -> OpenEnvDriver:
+    return shared_driver(pytestconfig)
 
 
 @pytest.fixture(scope="module")
@@ -326,7 +324,7 @@ def test_a_key_in_a_websocket_query_string_is_not_logged(tmp_path: Path, through
     """A key sent as ``?api_key=`` / ``?token=`` on the socket is refused (the service reads keys
     from headers only), and uvicorn's WebSocket handshake lines (its ``uvicorn.error`` logger, not
     the access log) show the path with the value cut, as HTTP access lines do; through a Ray front
-    of 2 hosts as well (the front's server is the one that logs the handshake)."""
+    of one host as well (the front's server is the one that logs the handshake)."""
     from websockets.exceptions import InvalidStatus
 
     from tests.hardening import start_service
@@ -334,7 +332,7 @@ def test_a_key_in_a_websocket_query_string_is_not_logged(tmp_path: Path, through
     key = "sk-ws-key-in-query-0123456789abcdef"
     environ = {"ENVIRONMENT_API_KEY": key, "STATE_DIR": str(tmp_path / "state"), "SNAPSHOT_SECRET": "s" * 40}
     if through == "ray":
-        environ.update(RAY_ADDRESS="local", RAY_HOSTS="2", RAY_NAMESPACE=f"ws-log-{tmp_path.name}")
+        environ.update(RAY_ADDRESS="local", RAY_HOSTS="1", RAY_NAMESPACE=f"ws-log-{tmp_path.name}")
     service = start_service(tmp_path, environ, wait_s=120.0)
     ws_base = service.base_url.replace("http", "ws", 1)
     try:

@@ -17,7 +17,7 @@ from websockets.sync.client import connect
 
 from grpo_service import create_app
 from tests.conftest import make_settings
-from tests.openenv_venv import OpenEnvDriver
+from tests.openenv_venv import OpenEnvDriver, shared_driver
 from tests.test_openenv import ask, play
 from tools.server_thread import ServerThread
 
@@ -68,10 +68,8 @@ def test_mcp_needs_the_key_and_the_documents_do_not(base: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def driver() -> Iterator[OpenEnvDriver]:
-    openenv = OpenEnvDriver()
-    yield openenv
-    openenv.close()
+def driver(pytestconfig: pytest.Config) -> OpenEnvDriver:
+    return shared_driver(pytestconfig)
 
 
 @pytest.mark.slow

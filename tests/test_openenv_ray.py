@@ -16,7 +16,7 @@ import pytest
 from grpo_service import create_app
 from grpo_service.tracing import TraceReader
 from tests.conftest import served_settings
-from tests.openenv_venv import OpenEnvDriver
+from tests.openenv_venv import shared_driver
 from tests.test_openenv import ENVS, ask, eventually, live_env_ids, socket
 from tools.server_thread import ServerThread
 
@@ -34,15 +34,11 @@ def front(tmp_path_factory: pytest.TempPathFactory, ray_local: None) -> Iterator
         server.stop()
 
 
-def test_openenv_clients_play_through_ray(front: tuple[str, Path]) -> None:
+def test_openenv_clients_play_through_ray(front: tuple[str, Path], pytestconfig: pytest.Config) -> None:
     base, trace_db = front
-    driver = OpenEnvDriver()
-    try:
-        report: dict[str, Any] = driver.play(
-            {"base": base, "scenario": "episodes", "envs": PLAYED, "headers": {}}
-        )
-    finally:
-        driver.close()
+    report: dict[str, Any] = shared_driver(pytestconfig).play(
+        {"base": base, "scenario": "episodes", "envs": PLAYED, "headers": {}}
+    )
     for client in ("generic", "mcp", "typed", "autoenv"):
         assert all(episode["done"] for episode in report[client].values()), client
     concurrent = report["concurrent"]
