@@ -29,3 +29,7 @@ class LLMCall:
     # the one the policy was told (vLLM's replies do not say; a GRPO trainer sets it after each
     # weight update). A trainer drops samples drawn from weights older than it allows.
     weights_version: int | None = None
+    # The version told when the call was sent, when it differs from ``weights_version`` (told when
+    # it returned): the call crossed a weight push, and either version's weights may have sampled
+    # it (a reply finished just before the pause but read after the new version was told).
+    weights_version_sent: int | None = None

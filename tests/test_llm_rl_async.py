@@ -124,3 +124,15 @@ def test_span_fidelity_scores_each_span_of_a_stream_under_the_weights_that_sampl
     )
     gap, stats = span_fidelity(samples(logprobs), 1, live, tmp_path / "gone", 0)
     assert gap <= 1e-5 and stats == {"fidelity_checked_spans": 1, "fidelity_unchecked_spans": 3}
+
+    # A reply sampled by version 0 but read after version 1 was told: tagged 1, sent under 0.
+    # Scored under both, it matches the weights that sampled it; tagged 1 alone, it does not.
+    def tagged(sent: int | None) -> list[StreamSample]:
+        crossed = [spans[0], Span(20, 26, 1, 1, None, sent), spans[2]]
+        row, _ = stream_row(TokenStream(ids, sampled, logprobs, crossed), lambda turn: 1.0, lambda span: True)
+        assert row is not None
+        return [StreamSample(row, 0, 0, 0, "r0", 0)]
+
+    gap, stats = span_fidelity(tagged(0), 1, live, weights, 0)
+    assert gap <= 1e-5 and stats == {"fidelity_checked_spans": 3, "fidelity_crossed_spans": 1}
+    assert span_fidelity(tagged(None), 1, live, weights, 0)[0] > 1e-3

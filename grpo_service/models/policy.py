@@ -82,6 +82,11 @@ class LLMCallRecord(LLMTokens):
     weights_version: int | None = Field(
         default=None, description="The inference server's weights version, when it reports one."
     )
+    weights_version_sent: int | None = Field(
+        default=None,
+        description="Set only for a call that crossed a weight push: the version when it was sent "
+        "(`weights_version` is the one when it returned; either may have sampled it).",
+    )
 
 
 class PolicyStepResponse(BaseModel):

@@ -12,6 +12,11 @@ class StreamSpan(BaseModel):
     end: int = Field(ge=0, description="One past its last token.")
     turn: int = Field(ge=0, description="The decision (rollout turn) that sampled it.")
     weights_version: int | None = Field(default=None, description="The weights that sampled it.")
+    weights_version_sent: int | None = Field(
+        default=None,
+        description="Set only for a completion that crossed a weight push: the version when it was "
+        "requested (either may have sampled it; the trainer's fidelity check tells which).",
+    )
     finish_reason: str | None = Field(
         default=None,
         description="`stop`, or `length`: cut by max_tokens (the turn's end-of-turn tokens follow it, "

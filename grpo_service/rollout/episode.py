@@ -178,13 +178,16 @@ class EpisodeLoop:
         timeout = min(self.llm_timeout_s, max(0.001, self.deadline - started))
         assert self.policy is not None
         options = StepOptions(record_logprobs=self.with_tokens, timeout_s=timeout)
+        clock = self.run.weights_version
+        sent = clock() if clock is not None else None
         step = self.policies.step(self.policy, self._current.observation, options)
         decision = await self._guarded(step)
         self.run.llm_s += time.monotonic() - started
         call = decision.llm_call
         if call is not None and call.weights_version is None:
-            clock = self.run.weights_version
             call.weights_version = clock() if clock is not None else self.req.weights_version
+            if sent is not None and sent != call.weights_version:
+                call.weights_version_sent = sent
         self._pending = DecisionTrace(
             turn=self.turn, observation=self._current.observation, decision=decision
         )

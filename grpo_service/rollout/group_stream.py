@@ -9,10 +9,11 @@ Versions. Every LLM call of a stream's group is tagged, when it returns, with th
 stream holds then (`RunHandle.weights_version`). The trainer sends the new version once the
 sampler has loaded the new weights and before it resumes generating (vLLM's ``/pause?mode=wait``
 lets the calls in flight finish under the old weights first), so a call is tagged with the weights
-that sampled it and a group that spans a push carries both versions, span by span. The tag can be
-one version too new only for a reply that vLLM finished just before the pause and the task app read
-after the version note; the trainer's fidelity check (recomputing each span under its version's
-weights) would show it.
+that sampled it and a group that spans a push carries both versions, span by span. Only a call
+that crossed the note is ambiguous (a reply vLLM finished just before the pause, read after the
+note, is the old weights'; one queued through the pause, the new's): it carries the version at its
+sending too (``weights_version_sent``), and the trainer's fidelity check, recomputing the span
+under both, tells which sampled it.
 
 Staleness. A group is stale when its oldest span is more than ``max_staleness`` versions behind
 the stream's version, checked on every version update (running and finished groups) and when a

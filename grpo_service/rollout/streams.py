@@ -54,6 +54,7 @@ def token_streams(steps: Iterable[RolloutStep], starts: dict[int, str], end_reas
                 end=start + len(completion),
                 turn=step.turn,
                 weights_version=llm.weights_version,
+                weights_version_sent=llm.weights_version_sent,
                 finish_reason=llm.finish_reason,
             )
         )

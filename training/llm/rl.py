@@ -73,6 +73,7 @@ class Sample:
     weights_version: int | None
     run_id: str
     turn: int
+    weights_version_sent: int | None = None  # a call that crossed a push (`LLMCall`)
 
     def row(self) -> TrainRow:
         p, c = len(self.prompt_ids), len(self.completion_ids)
@@ -81,7 +82,7 @@ class Sample:
             [0.0] * p + [1.0] * c,
             [0.0] * p + list(self.old_logprobs),
             [self.advantage] * (p + c),
-            [Span(p, p + c, self.turn, self.weights_version)],
+            [Span(p, p + c, self.turn, self.weights_version, None, self.weights_version_sent)],
         )
 
 
@@ -303,7 +304,10 @@ def build_batch(
             stats["zero_advantage_samples"] += 1
             continue
         turn = step["turn"]
-        samples.append(Sample(ids, completion, logprobs, advantage, g, member, sampled_by, run_id, turn))
+        sent = llm.get("weights_version_sent")  # set when the call crossed a push
+        samples.append(
+            Sample(ids, completion, logprobs, advantage, g, member, sampled_by, run_id, turn, sent)
+        )
     return Batch(samples, credit.rewards, credit.group_ids, stats)
 
 

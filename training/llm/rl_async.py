@@ -185,40 +185,49 @@ def span_fidelity(
     span recomputed under the weights of the version that sampled it: the live ``model`` for
     ``version`` (and for a span that names none), the saved ``weights_dir/step-{v}`` for an older
     ``v``, loaded once. A sequence whose spans come from several versions (a token stream that
-    crossed a push) is run once under each, compared on that version's spans only. Counted in
-    spans (a decision is one): ``fidelity_checked_spans``, and ``fidelity_unchecked_spans`` for
-    the spans of a version no longer on disk."""
-    by_version: dict[int, list[tuple[TrainRow, list[float]]]] = {}
-    spans: Counter[int] = Counter()
-    for row in (s.row() for s in samples):
-        masks: dict[int, list[float]] = {}
-        for span in row.spans:
-            v = span.weights_version if span.weights_version is not None else version
-            mask = masks.get(v)
-            if mask is None:
-                mask = masks[v] = [0.0] * len(row.ids)
-                by_version.setdefault(v, []).append((row, mask))
-            mask[span.start : span.end] = [1.0] * (span.end - span.start)
-            spans[v] += 1
-    stats: Counter[str] = Counter()
-    worst = 0.0
-    for v, rows in sorted(by_version.items()):
+    crossed a push) is run once under each. A span whose call itself crossed a push
+    (``weights_version_sent``) is run under both versions and matched by the closer one, which is
+    the version that sampled it (``fidelity_crossed_spans``). Counted in spans (a decision is one):
+    ``fidelity_checked_spans``, and ``fidelity_unchecked_spans`` for the spans none of whose
+    versions is on disk any more."""
+    rows: list[TrainRow] = [s.row() for s in samples]
+    wanted: dict[int, list[int]] = {}  # version -> the rows with a span it may have sampled
+    for i, row in enumerate(rows):
+        for v in {v for span in row.spans for v in span.versions(version)}:
+            wanted.setdefault(v, []).append(i)
+    gaps: dict[tuple[int, int], torch.Tensor] = {}  # (row, version) -> |new - old| per token
+    for v, indices in sorted(wanted.items()):
         if v == version:
             scorer = model
         elif (weights_dir / f"step-{v}" / "config.json").is_file():
             scorer = load(weights_dir / f"step-{v}")[0]
         else:
-            stats["fidelity_unchecked_spans"] += spans[v]
             continue
         with torch.no_grad():
-            for i in range(0, len(rows), 8):
-                chunk = rows[i : i + 8]
-                tokens = TokenBatch.from_rows([r.ids for r, _ in chunk], [m for _, m in chunk], pad_id)
+            for k in range(0, len(indices), 8):
+                chunk = indices[k : k + 8]
+                batch = [rows[i] for i in chunk]
+                tokens = TokenBatch.from_rows([r.ids for r in batch], [r.mask for r in batch], pad_id)
                 new = token_logprobs(scorer, tokens)
-                old = torch.zeros_like(new)
-                for j, (r, _) in enumerate(chunk):
-                    old[j, : len(r.ids)] = torch.tensor(r.old_logprobs, dtype=new.dtype)
-                gap = ((new - old).abs() * tokens.completion_mask).max()
-                worst = max(worst, float(gap))
-        stats["fidelity_checked_spans"] += spans[v]
+                for j, i in enumerate(chunk):
+                    n = len(rows[i].ids)
+                    old = torch.tensor(rows[i].old_logprobs, dtype=new.dtype)
+                    gaps[(i, v)] = (new[j, :n] - old).abs()
+    stats: Counter[str] = Counter()
+    worst = 0.0
+    for i, row in enumerate(rows):
+        for span in row.spans:
+            candidates = span.versions(version)
+            per_version = [
+                float(gaps[(i, v)][span.start : span.end].max()) if span.end > span.start else 0.0
+                for v in candidates
+                if (i, v) in gaps
+            ]
+            if not per_version:
+                stats["fidelity_unchecked_spans"] += 1
+                continue
+            stats["fidelity_checked_spans"] += 1
+            if len(candidates) > 1:
+                stats["fidelity_crossed_spans"] += 1
+            worst = max(worst, min(per_version))
     return worst, stats

@@ -22,6 +22,13 @@ class Span:
     turn: int
     weights_version: int | None = None
     finish_reason: str | None = None
+    weights_version_sent: int | None = None  # set when it crossed a push: either version may have sampled it
+
+    def versions(self, current: int) -> list[int]:
+        """The versions whose weights may have sampled it (``current`` for a span naming none)."""
+        v = self.weights_version if self.weights_version is not None else current
+        sent = self.weights_version_sent
+        return [v] if sent is None or sent == v else sorted({sent, v})
 
 
 @dataclass(slots=True)
@@ -49,6 +56,7 @@ class TokenStream:
                 int(s["turn"]),
                 s.get("weights_version"),
                 s.get("finish_reason"),
+                s.get("weights_version_sent"),
             )
             for s in data.get("spans") or []
         ]
