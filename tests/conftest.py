@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +131,6 @@ def ray_local() -> Iterator[None]:
         yield
     finally:
         ray.shutdown()
-        import shutil
-
         shutil.rmtree(temp, ignore_errors=True)
 
 
@@ -249,17 +250,47 @@ def real_trace_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # ------------------------------------------------------------- the real vLLM server
 
 
-@pytest.fixture(scope="session")
-def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The real vLLM (CPU build) serving a tiny checkpoint made here: one per session (it takes
-    about a minute to start). Tests that load other weights into it load these back."""
+_early_vllm: Future[Any] | None = None  # the real vLLM, starting since collection (`real_vllm`)
+
+
+def _start_real_vllm(root: Path) -> Any:
     from tests.vllm_helpers import RealVLLM, make_vllm_checkpoint, start_vllm, vllm_python
 
     vllm_python()  # skip (or fail on CI) before making a checkpoint
-    root = tmp_path_factory.mktemp("vllm")
     checkpoint = make_vllm_checkpoint(root / "model")
-    server = start_vllm(checkpoint, root / "vllm.log")
+    return RealVLLM(start_vllm(checkpoint, root / "vllm.log"), checkpoint)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When a selected test needs the real vLLM, start it now: its minute of start-up then runs
+    beside the tests before the first one that uses it, on the core the test process leaves idle."""
+    global _early_vllm
+    if session.config.option.collectonly or not any(
+        "real_vllm" in getattr(item, "fixturenames", ()) for item in session.items
+    ):
+        return
+    root = Path(tempfile.mkdtemp(prefix="vllm-"))
+    session.config.add_cleanup(lambda: shutil.rmtree(root, ignore_errors=True))
+    _early_vllm = ThreadPoolExecutor(1, thread_name_prefix="vllm-start").submit(_start_real_vllm, root)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop the early vLLM when no test took it (a run stopped at its first failure)."""
+    if _early_vllm is not None and _early_vllm.done() and _early_vllm.exception() is None:
+        server = _early_vllm.result().server
+        if server.proc is not None and server.proc.poll() is None:
+            server.stop()
+
+
+@pytest.fixture(scope="session")
+def real_vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real vLLM (CPU build) serving a tiny checkpoint made here: one per session, started at
+    collection (it takes about a minute). Tests that load other weights into it load these back."""
+    start = _early_vllm
+    if start is None:  # requested though no collected test named it (a fixture of a fixture)
+        start = ThreadPoolExecutor(1).submit(_start_real_vllm, tmp_path_factory.mktemp("vllm"))
+    real = start.result(timeout=900)
     try:
-        yield RealVLLM(server, checkpoint)
+        yield real
     finally:
-        server.stop()
+        real.server.stop()
