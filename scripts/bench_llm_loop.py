@@ -1,7 +1,7 @@
 """SFT then GRPO as a benchmark: does a model made here learn to play a text game?
 
     python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
-        [--sampler serve-model|vllm] [--seed 0] [--sft-from RUN]
+        [--sampler serve-model|vllm] [--seed 0] [--sft-from RUN] [--token-stream]
     python scripts/bench_llm_loop.py --summarize RUN [RUN ...] --out SUMMARY
 
 Everything runs on 127.0.0.1: `init-model` (a Qwen3 with a tokenizer trained on the game's text)
@@ -12,12 +12,21 @@ answered by the solver's action) → `export-sft` → SFT → GRPO against the t
 tasks after each stage. The default game is BabyAI's single-room "go to" levels, which the
 model plays in AgentGym's conversation (``Action: go to red ball 1``).
 
+By default every stage plays one chat completion per decision (the last ``--history`` turns
+replayed) and GRPO trains one sequence per decision. ``--token-stream`` plays every stage as the
+trained model is sampled in a token stream (`envs.agent.streams`, mode ``exact``): the oracle's
+replies are spans of each episode's stream (the tokens the model has to write, logprobs 0),
+`export-sft --streams` gives one line per episode, SFT trains on those lines, GRPO plays and trains
+on streams (``sequences = "stream"``), and the evaluations play streams too (``record.logprobs``
+with the checkpoint as the policy's ``tokenizer``).
+
 Writes OUT/report.json (success rate and mean score of the start model, after SFT and after
 GRPO, each with its spread over the held-out tasks, a 95% interval and per level),
 OUT/report.png (those figures), OUT/sft/curves.png and OUT/rl/curves.png (the runs' curves).
 ``--summarize`` gathers several runs' reports (training seeds, samplers) into SUMMARY/summary.json
 and SUMMARY/summary.png: per sampler, each stage's success as mean and spread over the seeds, the
-gain of GRPO over SFT paired by seed, and the wall time of a GRPO step and of its parts.
+gain of GRPO over SFT paired by seed, and the wall time of a GRPO step and of its parts (runs with
+``--token-stream`` under the sampler's name + ``-streams``).
 """
 
 from __future__ import annotations
@@ -79,7 +88,9 @@ GAMES = {
 }
 
 
-def evaluate(app: ServerThread, game: Game, tasks: list[int], args: argparse.Namespace) -> dict[str, Any]:
+def evaluate(
+    app: ServerThread, game: Game, tasks: list[int], args: argparse.Namespace, tokenizer: Path
+) -> dict[str, Any]:
     config = EvalConfig(
         base_url=app.base_url,
         model="tiny",
@@ -88,7 +99,8 @@ def evaluate(app: ServerThread, game: Game, tasks: list[int], args: argparse.Nam
         max_turns=args.turns,
         seeds=tasks,
         concurrency=8,
-        policy_config=policy_config(args, temperature=args.eval_temperature),
+        policy_config=policy_config(args, temperature=args.eval_temperature, tokenizer=tokenizer),
+        logprobs=args.token_stream,  # with a tokenizer: each episode one token stream
     )
     results = asyncio.run(run_eval(config))
     success = [1.0 if r.returned and r.total_return > 0 else 0.0 for r in results]
@@ -137,11 +149,17 @@ def bench_model_spec(hidden: int, layers: int, max_positions: int, seed: int = 0
     )
 
 
-def policy_config(args: argparse.Namespace, temperature: float, **extra: Any) -> dict[str, Any]:
+def policy_config(
+    args: argparse.Namespace, temperature: float, tokenizer: Path, **extra: Any
+) -> dict[str, Any]:
+    """The agent's config; with ``--token-stream`` it names the model's tokenizer (the checkpoint
+    directory), so a rollout that records token ids plays each episode as one token stream."""
+    streams = {"tokenizer": str(tokenizer.resolve()), "token_stream": "exact"} if args.token_stream else {}
     return {
         "history_window": args.history,
         "temperature": temperature,
         "max_tokens": 24,
+        **streams,
         **extra,
     }
 
@@ -217,7 +235,14 @@ def summarize(runs: list[Path], out: Path) -> dict[str, Any]:
             for part in ("rollout_s", "train_s", "weight_sync_s")
         }
         report["step_s"]["wall_s"] = report["timings_s"]["rl"] / len(steps)
-        by_sampler[report["args"]["sampler"]].append(report)
+        report["rl_tokens"] = {
+            key: statistics.fmean(m[key] for m in steps)
+            for key in ("forward_tokens", "trained_tokens", "sequences")
+            if all(key in m for m in steps)
+        }
+        report["rl_logprob_gap"] = max((m.get("logprob_max_abs_diff", 0.0) for m in steps), default=0.0)
+        streams = "-streams" if report["args"].get("token_stream") else ""
+        by_sampler[report["args"]["sampler"] + streams].append(report)
 
     def spread(values: list[float]) -> dict[str, Any]:
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -246,6 +271,15 @@ def summarize(runs: list[Path], out: Path) -> dict[str, Any]:
                 part: spread([r["step_s"][part] for r in reports]) for part in reports[0]["step_s"]
             },
             "rl_steps": [r["rl"]["steps"] for r in reports],
+            # per GRPO step, mean over its steps: tokens one pass over the batch fed the model
+            # (prompts included), tokens trained on, training sequences
+            "rl_step_tokens": {
+                key: spread([r["rl_tokens"][key] for r in reports])
+                for key in reports[0]["rl_tokens"]
+                if all(key in r["rl_tokens"] for r in reports)
+            },
+            "rl_logprob_gap_max": max(r["rl_logprob_gap"] for r in reports),
+            "sft_examples": [(r.get("sft") or {}).get("examples") for r in reports],
         }
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -329,6 +363,11 @@ def main() -> None:
         "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
     )
     parser.add_argument(
+        "--token-stream",
+        action="store_true",
+        help="Play every stage (teacher, SFT data, GRPO, evaluation) as token streams, not per decision.",
+    )
+    parser.add_argument(
         "--summarize", type=Path, nargs="+", metavar="RUN", help="Gather these runs' reports into --out."
     )
     args = parser.parse_args()
@@ -374,14 +413,16 @@ def main() -> None:
         )
         with ServerThread(create_app(settings), name="task-app") as app:
             if previous is None:
-                report["eval_start"] = evaluate(app, game, eval_tasks, args)
+                report["eval_start"] = evaluate(app, game, eval_tasks, args, model_dir)
             else:  # the same start checkpoint: its evaluation is the previous run's
                 report["eval_start"] = previous["eval_start"]
             lap("eval start")
             if previous is None:
-                teacher = policy_config(args, 0.0, teacher="oracle")
+                teacher = policy_config(args, 0.0, model_dir, teacher="oracle")
                 collect_teacher(app, game, teacher_tasks, args.turns, teacher, db)
-                export = export_sft(db, out / "sft.jsonl", ExportFilters(model="oracle"))
+                export = export_sft(
+                    db, out / "sft.jsonl", ExportFilters(model="oracle"), streams=args.token_stream
+                )
                 report["export"] = export.as_dict()
                 lap("collect + export")
                 sft = train_sft(
@@ -407,7 +448,7 @@ def main() -> None:
                 report["sft"] = previous["sft"]
                 report["export"] = previous.get("export")
             WeightSync(sampler_url).load(Path(sft["final"]), 0)
-            report["eval_sft"] = evaluate(app, game, eval_tasks, args)
+            report["eval_sft"] = evaluate(app, game, eval_tasks, args, model_dir)
             lap("eval sft")
             rl = train_rl(
                 RLConfig(
@@ -417,7 +458,8 @@ def main() -> None:
                     model_server_url=sampler_url,
                     env_name=game.env,
                     policy_name=game.policy,
-                    policy_config=policy_config(args, temperature=1.0),
+                    policy_config=policy_config(args, temperature=1.0, tokenizer=model_dir),
+                    sequences="stream" if args.token_stream else "decision",
                     seeds=teacher_tasks,  # GRPO plays the tasks SFT was distilled from
                     steps=args.rl_steps,
                     groups_per_step=args.groups,
@@ -443,7 +485,7 @@ def main() -> None:
             )
             report["rl"] = {k: rl[k] for k in keys}
             lap("rl")
-            report["eval_rl"] = evaluate(app, game, eval_tasks, args)
+            report["eval_rl"] = evaluate(app, game, eval_tasks, args, model_dir)
             lap("eval rl")
     report["timings_s"] = timings
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
