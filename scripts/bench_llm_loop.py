@@ -204,7 +204,11 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
         [report[k]["success_ci95"][1] - r for (k, _), r in zip(stages, rates, strict=True)],
     ]
     left.bar(
-        [label for _, label in stages], rates, yerr=errors, capsize=6, color=["#999", "#4a90d9", "#2e8b57"]
+        [label for _, label in stages],
+        rates,
+        yerr=errors,
+        capsize=6,
+        color=["#999", "#4a90d9", "#2e8b57"][-len(stages) :],
     )
     left.set_ylim(0, 1)
     left.set_ylabel("success rate (held-out tasks, 95% interval)")
@@ -252,7 +256,9 @@ def summarize(runs: list[Path], out: Path) -> dict[str, Any]:
     for sampler, reports in by_sampler.items():
         reports.sort(key=lambda r: r["args"]["seed"])
         stages = {
-            k: spread([r[k]["success_rate"] for r in reports]) for k in ("eval_start", "eval_sft", "eval_rl")
+            k: spread([r[k]["success_rate"] for r in reports])
+            for k in ("eval_start", "eval_sft", "eval_rl")
+            if all(k in r for r in reports)
         }
         gains = spread([r["eval_rl"]["success_rate"] - r["eval_sft"]["success_rate"] for r in reports])
         summary["samplers"][sampler] = {
@@ -309,10 +315,12 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
     for i, sampler in enumerate(samplers):
         s = summary["samplers"][sampler]
         xs = [j + i * width for j in range(len(stages))]
-        means = [s["success"][k]["mean"] for k, _ in stages]
-        sds = [s["success"][k]["sd"] for k, _ in stages]
+        means = [s["success"][k]["mean"] if k in s["success"] else 0.0 for k, _ in stages]
+        sds = [s["success"][k]["sd"] if k in s["success"] else 0.0 for k, _ in stages]
         left.bar(xs, means, width, yerr=sds, capsize=5, label=f"{sampler} (seeds {s['seeds']})")
         for x, (k, _) in zip(xs, stages, strict=True):
+            if k not in s["success"]:  # not evaluated
+                continue
             left.scatter(
                 [x] * len(s["success"][k]["values"]), s["success"][k]["values"], color="k", s=12, zorder=3
             )
@@ -361,6 +369,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--sft-from", type=Path, help="A previous run's OUT: reuse its model and SFT result, run GRPO only."
+    )
+    parser.add_argument(
+        "--skip-start-eval",
+        action="store_true",
+        help="Do not evaluate the start model (random weights: it writes no action, and its "
+        "evaluation is the slowest, every episode running to --turns with full-length replies).",
     )
     parser.add_argument(
         "--token-stream",
@@ -412,10 +426,11 @@ def main() -> None:
             snapshot_secret="bench-" + "x" * 32,
         )
         with ServerThread(create_app(settings), name="task-app") as app:
-            if previous is None:
+            if previous is not None:  # the same start checkpoint: its evaluation is the previous run's
+                if "eval_start" in previous:
+                    report["eval_start"] = previous["eval_start"]
+            elif not args.skip_start_eval:
                 report["eval_start"] = evaluate(app, game, eval_tasks, args, model_dir)
-            else:  # the same start checkpoint: its evaluation is the previous run's
-                report["eval_start"] = previous["eval_start"]
             lap("eval start")
             if previous is None:
                 teacher = policy_config(args, 0.0, model_dir, teacher="oracle")
@@ -490,7 +505,7 @@ def main() -> None:
     report["timings_s"] = timings
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     plot_report(report, out / "report.png")
-    for stage in ("eval_start", "eval_sft", "eval_rl"):
+    for stage in [k for k in ("eval_start", "eval_sft", "eval_rl") if k in report]:
         e = report[stage]
         low, high = e["success_ci95"]
         print(
