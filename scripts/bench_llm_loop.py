@@ -227,9 +227,10 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def summarize(runs: list[Path], out: Path) -> dict[str, Any]:
+def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> dict[str, Any]:
     """Several runs' reports, per sampler: each stage's held-out success over the training seeds
-    (mean, sample sd), GRPO's gain over the same seed's SFT checkpoint, and a GRPO step's wall time."""
+    (mean, sample sd), GRPO's gain over the same seed's SFT checkpoint, and a GRPO step's wall time.
+    The plot shows the samplers of earlier summaries (``beside``) too; summary.json holds these runs."""
     by_sampler: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
         report = json.loads((run / "report.json").read_text())
@@ -289,7 +290,10 @@ def summarize(runs: list[Path], out: Path) -> dict[str, Any]:
         }
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    plot_summary(summary, out / "summary.png")
+    earlier = [json.loads(path.read_text())["samplers"] for path in beside or []]
+    plot_summary(
+        {"samplers": {k: v for e in earlier for k, v in e.items()} | summary["samplers"]}, out / "summary.png"
+    )
     for sampler, s in summary["samplers"].items():
         line = ", ".join(
             f"{k.removeprefix('eval_')} {v['mean']:.3f} (sd {v['sd']:.3f})" for k, v in s["success"].items()
@@ -384,9 +388,16 @@ def main() -> None:
     parser.add_argument(
         "--summarize", type=Path, nargs="+", metavar="RUN", help="Gather these runs' reports into --out."
     )
+    parser.add_argument(
+        "--beside",
+        type=Path,
+        nargs="+",
+        metavar="SUMMARY",
+        help="With --summarize: earlier summary.json files whose samplers the plot shows too.",
+    )
     args = parser.parse_args()
     if args.summarize:
-        summarize(args.summarize, args.out)
+        summarize(args.summarize, args.out, args.beside)
         return
     torch.set_num_threads(1)
     game = GAMES[args.env]
