@@ -45,7 +45,7 @@ import httpx
 import torch
 
 from grpo_service import Settings, create_app
-from grpo_service.client.eval import EvalConfig, run_eval
+from grpo_service.client.eval import EpisodeResult, EvalConfig, run_eval
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
 from grpo_service.training_api.llm_jobs import TaskAppGroups
@@ -102,7 +102,11 @@ def evaluate(
         policy_config=policy_config(args, temperature=args.eval_temperature, tokenizer=tokenizer),
         logprobs=args.token_stream,  # with a tokenizer: each episode one token stream
     )
-    results = asyncio.run(run_eval(config))
+    return stage_report(asyncio.run(run_eval(config)), game)
+
+
+def stage_report(results: list[EpisodeResult], game: Game) -> dict[str, Any]:
+    """One evaluation's figures: success and score over the held-out tasks, per level, failures."""
     success = [1.0 if r.returned and r.total_return > 0 else 0.0 for r in results]
     scores = [r.total_return for r in results]
     by_level: dict[str, list[float]] = defaultdict(list)
@@ -125,6 +129,59 @@ def evaluate(
         "success_by_level": {k: statistics.fmean(v) for k, v in sorted(by_level.items())},
         "unsolved_by_stop_reason": dict(failures),
     }
+
+
+def traced_evaluations(db: Path) -> list[list[EpisodeResult]]:
+    """The evaluations a run's trace DB holds, in the order they ran (one `run_eval` call's episodes
+    share the run-id tag ``eval-<tag>-``), each episode as `run_eval` reports it."""
+    by_tag: dict[str, list[EpisodeResult]] = defaultdict(list)
+    with TraceReader(db) as reader:
+        for s in reader.sessions():
+            if s["mode"] != "eval" or not s["run_id"].startswith("eval-"):
+                continue
+            m = s["metrics"] or {}
+            by_tag[s["run_id"].split("-")[1]].append(
+                EpisodeResult(
+                    index=len(by_tag[s["run_id"].split("-")[1]]),
+                    seed=s["seed"],
+                    run_id=s["run_id"],
+                    returned=True,
+                    status=s["status"],
+                    stop_reason=s["stop_reason"],
+                    turns=m.get("num_decisions", s["num_turns"]),
+                    invalid_turns=m.get("invalid_decisions", 0),
+                    steps=s["num_steps"],
+                    total_return=float(sum(m.get("episode_returns", [s["total_reward"]]))),
+                )
+            )
+    return list(by_tag.values())  # sessions() is ordered by start: so are the tags
+
+
+def recover_report(game: Game, eval_tasks: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """The report of a run cut short before it wrote one (give the run's own arguments): the
+    evaluations it finished, from its trace DB; SFT's and GRPO's progress, from their metrics."""
+    out: Path = args.out
+    report: dict[str, Any] = {
+        "game": f"{game.env} levels {game.levels}" if game.levels else game.env,
+        "eval_tasks": len(eval_tasks),
+        "args": vars(args) | {"out": str(out), "sft_from": str(args.sft_from)},
+        "finished": False,
+        "recovered": True,
+    }
+    stages = ["eval_start"] if not (args.skip_start_eval or args.sft_from) else []
+    evaluations = traced_evaluations(out / "traces.db")
+    for stage, results in zip([*stages, "eval_sft", "eval_rl"], evaluations, strict=False):
+        if len(results) == len(eval_tasks):  # an evaluation cut short is left out
+            report[stage] = stage_report(results, game)
+    sft = metrics_rows(out / "sft" / "metrics.jsonl")
+    if sft:
+        report["sft"] = {"steps": sft[-1]["step"], "first_loss": sft[0]["loss"], "last_loss": sft[-1]["loss"]}
+    report["rl"] = {"steps": len(metrics_rows(out / "rl" / "metrics.jsonl"))}
+    return report
+
+
+def metrics_rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line] if path.is_file() else []
 
 
 def bootstrap_interval(values: list[float], draws: int = 2000) -> tuple[float, float]:
@@ -234,12 +291,17 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
     by_sampler: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
         report = json.loads((run / "report.json").read_text())
-        steps = [json.loads(line) for line in (run / "rl" / "metrics.jsonl").read_text().splitlines() if line]
+        steps = metrics_rows(run / "rl" / "metrics.jsonl")
         report["step_s"] = {
             part: statistics.fmean(m.get(part, 0.0) for m in steps)
             for part in ("rollout_s", "train_s", "weight_sync_s")
         }
-        report["step_s"]["wall_s"] = report["timings_s"]["rl"] / len(steps)
+        if "rl" in report.get("timings_s", {}):
+            report["step_s"]["wall_s"] = report["timings_s"]["rl"] / len(steps)
+        elif len(steps) > 1:  # cut short during GRPO: the time between its steps' records
+            report["step_s"]["wall_s"] = (steps[-1]["time"] - steps[0]["time"]) / (len(steps) - 1)
+        else:
+            report["step_s"]["wall_s"] = sum(report["step_s"].values())
         report["rl_tokens"] = {
             key: statistics.fmean(m[key] for m in steps)
             for key in ("forward_tokens", "trained_tokens", "sequences")
@@ -261,18 +323,19 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
             for k in ("eval_start", "eval_sft", "eval_rl")
             if all(k in r for r in reports)
         }
-        gains = spread([r["eval_rl"]["success_rate"] - r["eval_sft"]["success_rate"] for r in reports])
         summary["samplers"][sampler] = {
             "seeds": [r["args"]["seed"] for r in reports],
+            # False: the run was cut short (its report recovered: `--recover`)
+            "finished": [r.get("finished", True) for r in reports],
             "eval_tasks": reports[0]["eval_tasks"],
             "success": stages,
-            "gain_rl_over_sft": gains,
             "success_by_level": {
                 stage: {
                     level: statistics.fmean(r[stage]["success_by_level"][level] for r in reports)
                     for level in reports[0][stage]["success_by_level"]
                 }
                 for stage in ("eval_sft", "eval_rl")
+                if stage in stages
             },
             "rl_step_s": {
                 part: spread([r["step_s"][part] for r in reports]) for part in reports[0]["step_s"]
@@ -288,6 +351,10 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
             "rl_logprob_gap_max": max(r["rl_logprob_gap"] for r in reports),
             "sft_examples": [(r.get("sft") or {}).get("examples") for r in reports],
         }
+        if "eval_sft" in stages and "eval_rl" in stages:
+            summary["samplers"][sampler]["gain_rl_over_sft"] = spread(
+                [r["eval_rl"]["success_rate"] - r["eval_sft"]["success_rate"] for r in reports]
+            )
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     earlier = [json.loads(path.read_text())["samplers"] for path in beside or []]
@@ -298,11 +365,11 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
         line = ", ".join(
             f"{k.removeprefix('eval_')} {v['mean']:.3f} (sd {v['sd']:.3f})" for k, v in s["success"].items()
         )
-        g, w = s["gain_rl_over_sft"], s["rl_step_s"]["wall_s"]
-        print(
-            f"{sampler:12s} seeds {s['seeds']}: {line}; GRPO - SFT {g['mean']:+.3f} (sd {g['sd']:.3f}, "
-            f"per seed {[round(v, 3) for v in g['values']]}); GRPO step {w['mean']:.1f} s (sd {w['sd']:.1f})"
-        )
+        w = s["rl_step_s"]["wall_s"]
+        if g := s.get("gain_rl_over_sft"):
+            per_seed = [round(v, 3) for v in g["values"]]
+            line += f"; GRPO - SFT {g['mean']:+.3f} (sd {g['sd']:.3f}, per seed {per_seed})"
+        print(f"{sampler:12s} seeds {s['seeds']}: {line}; GRPO step {w['mean']:.1f} s (sd {w['sd']:.1f})")
     return summary
 
 
@@ -328,9 +395,12 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
             left.scatter(
                 [x] * len(s["success"][k]["values"]), s["success"][k]["values"], color="k", s=12, zorder=3
             )
-        gains = s["gain_rl_over_sft"]["values"]
-        right.scatter([i] * len(gains), gains, color="k", zorder=3)
-        right.bar([i], [s["gain_rl_over_sft"]["mean"]], 0.5, yerr=[s["gain_rl_over_sft"]["sd"]], capsize=6)
+        if "gain_rl_over_sft" in s:
+            gains = s["gain_rl_over_sft"]["values"]
+            right.scatter([i] * len(gains), gains, color="k", zorder=3)
+            right.bar(
+                [i], [s["gain_rl_over_sft"]["mean"]], 0.5, yerr=[s["gain_rl_over_sft"]["sd"]], capsize=6
+            )
     left.set_xticks(
         [j + width * (len(samplers) - 1) / 2 for j in range(len(stages))], [lbl for _, lbl in stages]
     )
@@ -389,6 +459,12 @@ def main() -> None:
         "--summarize", type=Path, nargs="+", metavar="RUN", help="Gather these runs' reports into --out."
     )
     parser.add_argument(
+        "--recover",
+        action="store_true",
+        help="With the arguments of a run cut short (--out its OUT): write its OUT/report.json from what "
+        "it left (finished evaluations, SFT and GRPO metrics), for --summarize.",
+    )
+    parser.add_argument(
         "--beside",
         type=Path,
         nargs="+",
@@ -399,21 +475,31 @@ def main() -> None:
     if args.summarize:
         summarize(args.summarize, args.out, args.beside)
         return
-    torch.set_num_threads(1)
     game = GAMES[args.env]
+    eval_tasks = game.task_ids(1000, args.eval_tasks)  # instances no training run ever sees
+    if args.recover:
+        report = recover_report(game, eval_tasks, args)
+        (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
+        stages = [k for k in ("eval_start", "eval_sft", "eval_rl") if k in report]
+        print(f"wrote {args.out / 'report.json'}: {stages}")
+        return
+    torch.set_num_threads(1)
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     timings: dict[str, float] = {}
+    report: dict[str, Any] = {}
 
     def lap(name: str) -> None:
         timings[name] = round(time.monotonic() - started - sum(timings.values()), 1)
         print(f"[{time.monotonic() - started:7.1f}s] {name} done", flush=True)
+        if report:  # after each stage: a run cut short keeps what it measured
+            partial = {**report, "timings_s": timings, "finished": False}
+            (out / "report.json").write_text(json.dumps(partial, indent=2, default=str) + "\n")
 
     previous = json.loads((args.sft_from / "report.json").read_text()) if args.sft_from else None
     model_dir = (args.sft_from or out) / "model"
     teacher_tasks = game.task_ids(0, args.teacher_tasks)
-    eval_tasks = game.task_ids(1000, args.eval_tasks)  # instances no training run ever sees
     spec = bench_model_spec(args.hidden, args.layers, max_positions=2048, seed=args.seed)
     if previous is None:
         info = init_model(model_dir, environment_corpus(seeds=40, env_names=[game.env]), spec)
@@ -422,12 +508,12 @@ def main() -> None:
     lap("init-model")
     db = out / "traces.db"
     db.unlink(missing_ok=True)
-    report: dict[str, Any] = {
-        "game": f"{game.env} levels {game.levels}" if game.levels else game.env,
-        "eval_tasks": len(eval_tasks),
-        "model": info,
-        "args": vars(args) | {"out": str(out), "sft_from": str(args.sft_from)},
-    }
+    report.update(
+        game=f"{game.env} levels {game.levels}" if game.levels else game.env,
+        eval_tasks=len(eval_tasks),
+        model=info,
+        args=vars(args) | {"out": str(out), "sft_from": str(args.sft_from)},
+    )
     with sampler_server(args.sampler, model_dir, out, served_name="tiny", max_model_len=2048) as sampler_url:
         settings = Settings(
             _env_file=None,
@@ -513,7 +599,7 @@ def main() -> None:
             lap("rl")
             report["eval_rl"] = evaluate(app, game, eval_tasks, args, model_dir)
             lap("eval rl")
-    report["timings_s"] = timings
+    report["timings_s"], report["finished"] = timings, True
     (out / "report.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
     plot_report(report, out / "report.png")
     for stage in [k for k in ("eval_start", "eval_sft", "eval_rl") if k in report]:
