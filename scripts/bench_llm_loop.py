@@ -318,10 +318,12 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
     summary: dict[str, Any] = {"samplers": {}}
     for sampler, reports in by_sampler.items():
         reports.sort(key=lambda r: r["args"]["seed"])
+        # each stage over the runs that reached it (a run cut short: the seeds say which)
+        has = {k: [r for r in reports if k in r] for k in ("eval_start", "eval_sft", "eval_rl")}
         stages = {
-            k: spread([r[k]["success_rate"] for r in reports])
-            for k in ("eval_start", "eval_sft", "eval_rl")
-            if all(k in r for r in reports)
+            k: spread([r[k]["success_rate"] for r in done]) | {"seeds": [r["args"]["seed"] for r in done]}
+            for k, done in has.items()
+            if done
         }
         summary["samplers"][sampler] = {
             "seeds": [r["args"]["seed"] for r in reports],
@@ -331,11 +333,11 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
             "success": stages,
             "success_by_level": {
                 stage: {
-                    level: statistics.fmean(r[stage]["success_by_level"][level] for r in reports)
-                    for level in reports[0][stage]["success_by_level"]
+                    level: statistics.fmean(r[stage]["success_by_level"][level] for r in has[stage])
+                    for level in has[stage][0][stage]["success_by_level"]
                 }
                 for stage in ("eval_sft", "eval_rl")
-                if stage in stages
+                if has[stage]
             },
             "rl_step_s": {
                 part: spread([r["step_s"][part] for r in reports]) for part in reports[0]["step_s"]
@@ -351,10 +353,10 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
             "rl_logprob_gap_max": max(r["rl_logprob_gap"] for r in reports),
             "sft_examples": [(r.get("sft") or {}).get("examples") for r in reports],
         }
-        if "eval_sft" in stages and "eval_rl" in stages:
+        if both := [r for r in reports if "eval_sft" in r and "eval_rl" in r]:
             summary["samplers"][sampler]["gain_rl_over_sft"] = spread(
-                [r["eval_rl"]["success_rate"] - r["eval_sft"]["success_rate"] for r in reports]
-            )
+                [r["eval_rl"]["success_rate"] - r["eval_sft"]["success_rate"] for r in both]
+            ) | {"seeds": [r["args"]["seed"] for r in both]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     earlier = [json.loads(path.read_text())["samplers"] for path in beside or []]
@@ -388,7 +390,9 @@ def plot_summary(summary: dict[str, Any], path: Path) -> None:
         xs = [j + i * width for j in range(len(stages))]
         means = [s["success"][k]["mean"] if k in s["success"] else 0.0 for k, _ in stages]
         sds = [s["success"][k]["sd"] if k in s["success"] else 0.0 for k, _ in stages]
-        left.bar(xs, means, width, yerr=sds, capsize=5, label=f"{sampler} (seeds {s['seeds']})")
+        cut = [seed for seed, done in zip(s["seeds"], s.get("finished", []), strict=False) if not done]
+        label = f"{sampler} (seeds {s['seeds']}" + (f"; cut short: {cut})" if cut else ")")
+        left.bar(xs, means, width, yerr=sds, capsize=5, label=label)
         for x, (k, _) in zip(xs, stages, strict=True):
             if k not in s["success"]:  # not evaluated
                 continue
