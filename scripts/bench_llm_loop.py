@@ -351,6 +351,17 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
                 if all(key in r["rl_tokens"] for r in reports)
             },
             "rl_logprob_gap_max": max(r["rl_logprob_gap"] for r in reports),
+            # per seed: each stage by level, and GRPO's counts (streams, groups with no signal, stale)
+            "by_seed": {
+                str(r["args"]["seed"]): {
+                    "success_by_level": {
+                        k: r[k]["success_by_level"] for k in ("eval_sft", "eval_rl") if k in r
+                    },
+                    "rl_totals": r["rl"].get("totals"),
+                    "weights_version_last": r["rl"].get("weights_version_last"),
+                }
+                for r in reports
+            },
             "sft_examples": [(r.get("sft") or {}).get("examples") for r in reports],
         }
         if both := [r for r in reports if "eval_sft" in r and "eval_rl" in r]:
