@@ -359,6 +359,7 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
                     },
                     "rl_totals": r["rl"].get("totals"),
                     "weights_version_last": r["rl"].get("weights_version_last"),
+                    "rl_logprob_gap_max": r["rl_logprob_gap"],
                 }
                 for r in reports
             },
