@@ -144,3 +144,25 @@ def between_text(
     if closed and after.startswith(tokens.turn_close):
         after = after[len(tokens.turn_close) :]
     return after
+
+
+def reply_text(
+    tokens: ChatTokens,
+    message: dict[str, Any],
+    tools: list[dict[str, Any]] | None,
+    template_kwargs: dict[str, Any],
+) -> str:
+    """An assistant ``message`` as the text a model writes after the generation prompt, through its
+    end-of-turn token: the chat template's rendering of the message as the last turn, after the
+    prompt it answers (Qwen3's: ``<think>\\n\\n</think>\\n\\nAction: ...<|im_end|>``, the empty block
+    the template gives the last turn). ValueError when the template renders the prompt differently
+    once the reply follows."""
+    head = [{"role": "user", "content": "-"}]
+    prompt = tokens.render(head, tools, add_generation_prompt=True, template_kwargs=template_kwargs)
+    full = tokens.render(
+        [*head, message], tools, add_generation_prompt=False, template_kwargs=template_kwargs
+    )
+    end = full.rfind(tokens.turn_close)
+    if not full.startswith(prompt) or end < len(prompt):
+        raise ValueError("the chat template renders the prompt differently once a reply follows")
+    return full[len(prompt) : end + len(tokens.turn_close)]

@@ -1,5 +1,5 @@
-"""Token streams against per-decision sequences: what the trainer pays, how often a re-rendered
-prompt breaks the prefix, and GRPO on streams.
+"""Token streams against per-decision sequences: what the trainer pays, and how often a
+re-rendered prompt breaks the prefix.
 
     python scripts/bench_token_streams.py --out docs/bench/token-streams.json
 
@@ -15,8 +15,9 @@ environments' text, Qwen3's own chat template), ``serve-model`` as the sampler, 
    each prompt from messages), the exact stream (never, by construction; the turns where the
    template would have rendered differently are counted as ``template_differs``), and ``segment``
    (a new segment there). For Qwen3's template with thinking on and off.
-3. ``grpo``: BabyAI GRPO runs, on streams and per decision, over ``--grpo-seeds``: success rate
-   and wall time.
+
+GRPO on streams against per decision, from SFT to held-out success: ``scripts/bench_llm_loop.py
+--token-stream``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -36,11 +36,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grpo_service import Settings, create_app  # noqa: E402
-from grpo_service.training_api.llm_jobs import TaskAppGroups  # noqa: E402
 from tools.server_thread import ServerThread  # noqa: E402
 from training.llm.config import RLConfig  # noqa: E402
 from training.llm.model import ModelSpec, environment_corpus, init_model, load  # noqa: E402
-from training.llm.rl import build_batch, train_rl, update  # noqa: E402
+from training.llm.rl import build_batch, update  # noqa: E402
 from training.llm.server import ModelEngine, create_model_app  # noqa: E402
 
 SPEC = ModelSpec(
@@ -175,60 +174,6 @@ def breaks_part(model_dir: Path, urls: tuple[str, str], seeds: list[int], size: 
     return out
 
 
-def grpo_part(
-    model_dir: Path, urls: tuple[str, str], seeds: list[int], root: Path, steps: int
-) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for sequences in ("stream", "decision"):
-        runs = []
-        for seed in seeds:
-            config = rl_config(
-                model_dir,
-                "babyai",
-                urls,
-                out=str(root / f"grpo-{sequences}-{seed}"),
-                sequences=sequences,
-                steps=steps,
-                groups_per_step=2,
-                group_size=4,
-                seeds=[seed * 100 + i for i in range(steps * 2)],
-                seed=seed,
-                save_every=10_000,
-                lr=1e-3,
-            ).model_copy(update={"max_turns": 8})
-            started = time.perf_counter()
-            result = train_rl(config, task_app=TaskAppGroups(urls[0]))
-            wall = time.perf_counter() - started
-            rows = [json.loads(x) for x in Path(result["metrics"]).read_text().splitlines() if x]
-            trained = [r for r in rows if "loss" in r]
-            runs.append(
-                {
-                    "seed": seed,
-                    "wall_s": round(wall, 1),
-                    "success_rate": statistics.fmean(r["success_rate"] or 0.0 for r in rows),
-                    "reward_mean": statistics.fmean(r["reward_mean"] or 0.0 for r in rows),
-                    "train_s_per_step": round(statistics.fmean(r["train_s"] for r in trained), 3)
-                    if trained
-                    else None,
-                    "forward_tokens_per_step": round(
-                        statistics.fmean(r["forward_tokens"] for r in trained), 1
-                    )
-                    if trained
-                    else None,
-                    "logprob_max_abs_diff": max((r["logprob_max_abs_diff"] for r in trained), default=None),
-                    "streams": sum(r.get("streams", 0) for r in rows),
-                }
-            )
-            print("grpo", sequences, json.dumps(runs[-1]), flush=True)
-        out[sequences] = {
-            "runs": runs,
-            "success_rate_mean": round(statistics.fmean(r["success_rate"] for r in runs), 4),
-            "wall_s_mean": round(statistics.fmean(r["wall_s"] for r in runs), 1),
-            "train_s_per_step_mean": round(statistics.fmean(r["train_s_per_step"] or 0.0 for r in runs), 3),
-        }
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,9 +182,7 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("bench_token_streams"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--group-size", type=int, default=2)
-    parser.add_argument("--grpo-seeds", type=int, nargs="*", default=[0, 1, 2])
-    parser.add_argument("--grpo-steps", type=int, default=3)
-    parser.add_argument("--parts", nargs="+", default=["tokens", "prefix_breaks", "grpo"])
+    parser.add_argument("--parts", nargs="+", default=["tokens", "prefix_breaks"])
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -277,9 +220,6 @@ def main() -> None:
                 save()
             if "prefix_breaks" in args.parts:
                 report["prefix_breaks"] = breaks_part(model_dir, urls, args.seeds, args.group_size)
-                save()
-            if "grpo" in args.parts and args.grpo_seeds:
-                report["grpo"] = grpo_part(model_dir, urls, args.grpo_seeds, args.work, args.grpo_steps)
     engine.close()
     save()
     print(f"wrote {args.out}")

@@ -145,6 +145,24 @@ def test_eval_from_a_toml_config_counts_http_failures(
     assert report["episodes"][0]["turns"] == 3
 
 
+def test_eval_with_logprobs_plays_token_streams(
+    start_server: Callable[..., ServerThread], faulty_llm: FakeInferenceServer, tmp_path: Path
+) -> None:
+    """`--logprobs` with a policy that names its tokenizer: every decision is a token-id prompt to
+    /v1/completions (one stream per episode), not a chat."""
+    server = start_server(vllm_base_url=faulty_llm.base_url)
+    faulty_llm.set_config(FakeConfig(model=MODEL))
+    toml = tmp_path / "eval.toml"
+    toml.write_text('[policy_config]\ntokenizer = "toy"\n')
+    args = ["eval", "--base-url", server.base_url, "--model", MODEL, "--seeds", "1-2", "--max-turns", "2"]
+    before = faulty_llm.stats()["by_route"]
+    result = runner.invoke(app, [*args, "--logprobs", "--config", str(toml)])
+    assert result.exit_code == 0, result.output
+    after = faulty_llm.stats()["by_route"]
+    assert after.get("completions", 0) - before.get("completions", 0) == 4
+    assert after.get("chat", 0) == before.get("chat", 0)
+
+
 def test_eval_rejects_a_bad_config_and_an_unreachable_service(tmp_path: Path) -> None:
     config = tmp_path / "eval.toml"
     config.write_text('seeds = "0-2"\nepisodes = 5\n')

@@ -16,6 +16,8 @@ from grpo_service import create_app
 from grpo_service.models import RolloutGroupResponse, RolloutResponse
 from grpo_service.tracing import TraceReader
 from grpo_service.tracing.export import ExportFilters, export_sft
+from inference.reasoning import split_reasoning
+from inference.tool_calls import parse_tool_calls
 from tests.conftest import MODEL, make_settings
 from tests.llm_helpers import make_tiny_model
 from tests.test_llm_loop import wait_for_runs
@@ -187,6 +189,44 @@ def test_the_trace_keeps_the_stream_and_export_and_sft_read_it(
     examples, skipped = load_examples(out, load(model_dir)[1], 4096)
     assert not skipped and examples[0].input_ids == stream["token_ids"]
     assert examples[0].assistant_mask == stream["sampled"]
+
+
+@pytest.mark.parametrize("prompt_format", ["agentgym", "tool_calls"])
+def test_the_oracle_teacher_plays_streams_that_export_as_sft_data(
+    stack: dict[str, Any], model_dir: Path, tmp_path: Path, prompt_format: str
+) -> None:
+    """`teacher: oracle` with a tokenizer: each reply is a span of the episode's stream, the tokens a
+    model would write after the generation prompt (Qwen3's empty think block, the action, the
+    end-of-turn token), logprobs 0; `export-sft --streams` turns them into SFT lines."""
+    config = {"tokenizer": str(model_dir), "teacher": "oracle", "prompt_format": prompt_format}
+    body = {
+        "env": {"env_name": "babyai", "seed": 5, "config": {"oracle": True}},
+        "policy": {"policy_name": "babyai-agent", "config": config},
+        "max_turns": 4,
+        "on_done": "terminate",
+    }
+    r = httpx.post(f"{stack['app']}/rollout", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    result = r.json()
+    (stream,) = check_stream_extends(result)
+    assert len(stream["spans"]) == 4 and set(stream["logprobs"]) == {0.0}
+    tokenizer = load(model_dir)[1]
+    for span, step in zip(stream["spans"], result["trajectories"][0]["steps"], strict=True):
+        reply = tokenizer.decode(stream["token_ids"][span["start"] : span["end"]])
+        reasoning, text = split_reasoning(reply.removesuffix("<|im_end|>"))
+        assert reply.startswith("<think>\n\n</think>\n\n") and reply.endswith("<|im_end|>") and not reasoning
+        action = step["tool_calls"][0]["args"]["action"]
+        if prompt_format == "agentgym":
+            assert text == f"Action: {action}"
+        else:
+            assert parse_tool_calls(text)[1][0]["function"]["arguments"] == json.dumps({"action": action})
+    wait_for_runs(stack["db"], {result["run_id"]})
+    out = tmp_path / "oracle.jsonl"
+    filters = ExportFilters(model="oracle", run_ids=[result["run_id"]])
+    report = export_sft(stack["db"], out, filters, streams=True)
+    assert report.examples == 1, report.as_dict()
+    (line,) = [json.loads(x) for x in out.read_text().splitlines()]
+    assert line["token_ids"] == stream["token_ids"] and line["sampled"] == stream["sampled"]
 
 
 # ---- every env, every path, against the fake (its toy tokenizer) ----------------------------

@@ -49,7 +49,7 @@ from envs.base import PluginConfig, Policy, PolicyContext, PolicyDecision, StepO
 from envs.errors import InvalidConfig, InvalidState
 from inference import openai_client
 from inference.calls import LLMCall
-from inference.chat_tokens import TOY, ChatTokens, between_text, chat_tokens
+from inference.chat_tokens import TOY, ChatTokens, between_text, chat_tokens, reply_text
 from inference.completions import chat_choice
 from inference.errors import InferenceError
 from inference.reasoning import reply_reasoning, split_reasoning
@@ -97,7 +97,9 @@ class LLMAgentConfig(PluginConfig):
         description="'oracle': call no model; each reply is the environment's `oracle_action` (env "
         "config oracle: true) written in this prompt format and traced as a call of model 'oracle'. "
         "The traces are then this agent's own prompts answered by the scripted solver: `export-sft "
-        "--model oracle` turns them into SFT data that distils the solver into a model.",
+        "--model oracle` turns them into SFT data that distils the solver into a model. With a "
+        "`tokenizer` in mode 'rl' it plays token streams too, its replies the tokens a model would write "
+        "(logprobs 0): `export-sft --streams` then gives SFT data in stream form.",
     )
 
     token_stream: StreamMode = Field(
@@ -304,7 +306,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         if options.dry_run:
             return PolicyDecision(tool_calls=[], meta={**meta, "inference_request": request, "dry_run": True})
         if self.config.teacher == "oracle":
-            return self._oracle_step(observation, request, meta)
+            return await self._oracle_step(observation, request, meta, options)
         if not self.model:
             try:
                 await self._discover_model()
@@ -342,11 +344,7 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
     @property
     def streams(self) -> bool:
         """Whether mode ``rl`` plays this policy's episodes as token streams."""
-        return (
-            self.config.token_stream != "off"
-            and self.config.tokenizer is not None
-            and self.config.teacher is None
-        )
+        return self.config.token_stream != "off" and self.config.tokenizer is not None
 
     def _template_kwargs(self, request: dict[str, Any]) -> dict[str, Any]:
         return dict((request.get("extra_body") or {}).get("chat_template_kwargs") or {})
@@ -432,11 +430,27 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             return PolicyDecision(
                 [], meta, llm_call=failed, error=f"inference_{exc.kind}", error_detail=str(exc)
             )
+        self._extend_stream(tokens, prompt, call.completion_token_ids or [], segment_start, differs, meta)
+        # The text the humans read (trace, viewer, export) stays a chat: the request's messages and
+        # the reply as a chat completion, its tool calls parsed from the text.
+        call.request = request
+        call.response = self._chat_response(call.response or {}, call.finish_reason)
+        return self._decide(observation, call, meta)
+
+    def _extend_stream(
+        self,
+        tokens: ChatTokens,
+        prompt: list[int],
+        completion: list[int],
+        segment_start: str | None,
+        differs: bool,
+        meta: dict[str, Any],
+    ) -> None:
+        """The stream is now ``prompt`` + ``completion``; the decision's meta says so."""
         stream = self.stream
         if segment_start is not None:
             stream.segments += 1
         stream.template_differs += differs
-        completion = call.completion_token_ids or []
         stream.ids = prompt + completion
         stream.closed = tokens.closes_turn(completion)
         stream.restart = None
@@ -446,11 +460,6 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             "template_differs": differs,
             "prompt_tokens": len(prompt),
         }
-        # The text the humans read (trace, viewer, export) stays a chat: the request's messages and
-        # the reply as a chat completion, its tool calls parsed from the text.
-        call.request = request
-        call.response = self._chat_response(call.response or {}, call.finish_reason)
-        return self._decide(observation, call, meta)
 
     def _chat_response(self, completion: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
         """A text completion as the chat completion a server's parsers would have made of it:
@@ -471,39 +480,58 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             "usage": completion.get("usage"),
         }
 
-    def _oracle_step(
-        self, observation: dict[str, Any], request: dict[str, Any], meta: dict[str, Any]
+    async def _oracle_step(
+        self, observation: dict[str, Any], request: dict[str, Any], meta: dict[str, Any], options: StepOptions
     ) -> PolicyDecision:
-        """The ``teacher: oracle`` reply: the env's scripted action as this format's answer."""
+        """The ``teacher: oracle`` reply: the env's scripted action as this format's answer. Where a
+        model would play a token stream, so does the oracle: its reply is a span of the stream, the
+        tokens a model would have to write (`reply_text`: through the end-of-turn token), logprobs
+        0, so `export-sft --streams` distils the solver in the form the model is sampled in."""
         action = observation.get("oracle_action")
         meta["model"] = ORACLE_MODEL
         if action is None:
             return PolicyDecision.no_oracle_action(meta)
-        self.turn_index += 1
-        self._pending = None
         if self.prompt_format == "agentgym":
             content, tool_calls = f"Action: {action}", []
         else:
             call = {
-                "id": f"call_{self.turn_index}",
+                "id": f"call_{self.turn_index + 1}",
                 "tool": TEXT_ACTION_TOOL,
                 "args": {"action": str(action)},
             }
             content, tool_calls = None, [wire_tool_call(call)]
-        response = {
-            "id": f"oracle-{self.turn_index}",
-            "object": "chat.completion",
-            "model": ORACLE_MODEL,
-            "choices": [chat_choice(0, content, tool_calls, "stop")],
-        }
         call = LLMCall(
             request={**request, "model": ORACLE_MODEL},
-            response=response,
+            response=None,
             latency_ms=0.0,
             attempts=0,
             model=ORACLE_MODEL,
             finish_reason="stop",
         )
+        if options.record_logprobs and self.streams:
+            message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
+            try:
+                tokens = await asyncio.to_thread(chat_tokens, self.config.tokenizer or TOY)
+                prompt, segment_start, differs = await asyncio.to_thread(
+                    self._stream_prompt, tokens, observation, request
+                )
+                kwargs = self._template_kwargs(request)
+                text = await asyncio.to_thread(reply_text, tokens, message, request.get("tools"), kwargs)
+                completion = await asyncio.to_thread(tokens.encode, text)
+            except Exception as exc:  # a template the tokenizer cannot render: the decision fails
+                detail = f"cannot render the token stream: {type(exc).__name__}: {exc}"
+                return PolicyDecision([], meta, error="inference_bad_request", error_detail=detail[:500])
+            call.prompt_token_ids, call.completion_token_ids = prompt, completion
+            call.completion_logprobs = [0.0] * len(completion)
+            self._extend_stream(tokens, prompt, completion, segment_start, differs, meta)
+        self.turn_index += 1
+        self._pending = None
+        call.response = {
+            "id": f"oracle-{self.turn_index}",
+            "object": "chat.completion",
+            "model": ORACLE_MODEL,
+            "choices": [chat_choice(0, content, tool_calls, "stop")],
+        }
         return self._decide(observation, call, meta)
 
     def _decide(self, observation: dict[str, Any], call: LLMCall, meta: dict[str, Any]) -> PolicyDecision:

@@ -85,6 +85,14 @@ def eval_command(
         str | None, typer.Option(help='World seeds: "0-19" or "1,5,9" [default: 0..N-1].')
     ] = None,
     timeout_s: Annotated[float | None, typer.Option("--timeout", help="Seconds per episode [600].")] = None,
+    logprobs: Annotated[
+        bool | None,
+        typer.Option(
+            "--logprobs",
+            help="Record token ids: a policy whose config names a tokenizer plays token streams.",
+            show_default=False,
+        ),
+    ] = None,
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Write the aggregate + episodes here.")
     ] = None,
@@ -127,6 +135,7 @@ def eval_command(
                 "concurrency": concurrency,
                 "seeds": seeds,
                 "timeout_s": timeout_s,
+                "logprobs": logprobs,
             },
         )
         seeds_list = config.episode_seeds()

@@ -92,6 +92,12 @@ class EvalConfig(BaseModel):
     timeout_s: float = Field(default=600.0, gt=0, description="Per episode.")
     policy_config: dict[str, Any] = Field(default_factory=dict, description="Extra policy config.")
     env_config: dict[str, Any] = Field(default_factory=dict)
+    logprobs: bool = Field(
+        default=False,
+        description="Record token ids and logprobs (the rollouts' `record.logprobs`): a policy whose "
+        "config names a `tokenizer` then plays each episode as one token stream, as a GRPO trainer "
+        "samples it; otherwise one chat completion per decision.",
+    )
 
     @field_validator("seeds", mode="before")
     @classmethod
@@ -171,7 +177,7 @@ def _episode_request(
         "on_done": "terminate",
         "mode": "eval",
         # Trajectories without observations: small, and the last step names a policy error's cause.
-        "record": {"trajectories": True, "observations": False},
+        "record": {"trajectories": True, "observations": False, "logprobs": config.logprobs},
         "safety": {"max_time_s": config.timeout_s},
     }
 
