@@ -378,6 +378,29 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             return rendered, "template_differs", True
         return extended, None, differs
 
+    async def _render_turn(
+        self, observation: dict[str, Any], request: dict[str, Any], reply: dict[str, Any] | None = None
+    ) -> tuple[ChatTokens, list[int], str | None, bool, list[int]]:
+        """The stream's next prompt (`_stream_prompt`) and, given the ``reply`` message, its tokens
+        as a model writes them (`reply_text`), in one trip off the event loop: loading a tokenizer,
+        rendering and encoding a long conversation."""
+
+        def render() -> tuple[ChatTokens, list[int], str | None, bool, list[int]]:
+            tokens = chat_tokens(self.config.tokenizer or TOY)
+            prompt, segment_start, differs = self._stream_prompt(tokens, observation, request)
+            completion: list[int] = []
+            if reply is not None:
+                kwargs = self._template_kwargs(request)
+                completion = tokens.encode(reply_text(tokens, reply, request.get("tools"), kwargs))
+            return tokens, prompt, segment_start, differs, completion
+
+        return await asyncio.to_thread(render)
+
+    @staticmethod
+    def _unrenderable(meta: dict[str, Any], exc: Exception) -> PolicyDecision:
+        detail = f"cannot render the token stream: {type(exc).__name__}: {exc}"
+        return PolicyDecision([], meta, error="inference_bad_request", error_detail=detail[:500])
+
     async def _stream_step(
         self,
         observation: dict[str, Any],
@@ -388,14 +411,9 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         """One decision of a token stream: the stream extended by the tokens between, sent as
         token ids; the reply parsed here as a server's tool and reasoning parsers would."""
         try:
-            # Off the event loop: loading a tokenizer, rendering and encoding a long conversation.
-            tokens = await asyncio.to_thread(chat_tokens, self.config.tokenizer or TOY)
-            prompt, segment_start, differs = await asyncio.to_thread(
-                self._stream_prompt, tokens, observation, request
-            )
+            tokens, prompt, segment_start, differs, _ = await self._render_turn(observation, request)
         except Exception as exc:  # a template the tokenizer cannot render: the decision fails
-            detail = f"cannot render the token stream: {type(exc).__name__}: {exc}"
-            return PolicyDecision([], meta, error="inference_bad_request", error_detail=detail[:500])
+            return self._unrenderable(meta, exc)
         self.turn_index += 1
         self._pending = None
         fields = ("model", "temperature", "top_p", "max_tokens", "seed")
@@ -511,16 +529,11 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
         if options.record_logprobs and self.streams:
             message = {"role": "assistant", "content": content, "tool_calls": tool_calls}
             try:
-                tokens = await asyncio.to_thread(chat_tokens, self.config.tokenizer or TOY)
-                prompt, segment_start, differs = await asyncio.to_thread(
-                    self._stream_prompt, tokens, observation, request
+                tokens, prompt, segment_start, differs, completion = await self._render_turn(
+                    observation, request, message
                 )
-                kwargs = self._template_kwargs(request)
-                text = await asyncio.to_thread(reply_text, tokens, message, request.get("tools"), kwargs)
-                completion = await asyncio.to_thread(tokens.encode, text)
             except Exception as exc:  # a template the tokenizer cannot render: the decision fails
-                detail = f"cannot render the token stream: {type(exc).__name__}: {exc}"
-                return PolicyDecision([], meta, error="inference_bad_request", error_detail=detail[:500])
+                return self._unrenderable(meta, exc)
             call.prompt_token_ids, call.completion_token_ids = prompt, completion
             call.completion_logprobs = [0.0] * len(completion)
             self._extend_stream(tokens, prompt, completion, segment_start, differs, meta)
