@@ -175,23 +175,20 @@ def _refused(exc: BaseException) -> OSError | None:
 def _classify(exc: BaseException) -> InferenceError | None:
     """Map an exception from one attempt to an InferenceError (None: not ours to handle)."""
     openai = sys.modules.get("openai")  # not imported: no exception of the SDK's to map
-    if openai is None:
-        return _classify_plain(exc)
-    if isinstance(exc, (TimeoutError, openai.APITimeoutError)):
-        refused = _refused(exc) if isinstance(exc, openai.APITimeoutError) else None
-        if refused is not None:
-            return InferenceError("connection_error", f"{type(refused).__name__}: {refused}")
-        return InferenceError("timeout", "request timed out")
-    if isinstance(exc, (httpx2.TimeoutException, httpx2.TransportError)):
-        return _classify_plain(exc)
-    if isinstance(exc, openai.APIConnectionError):
-        cause = exc.__cause__
-        detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
-        return InferenceError("connection_error", detail)
-    if isinstance(exc, openai.APIStatusError):
-        return status_error(exc.status_code, exc.message, exc.response.headers)
-    if isinstance(exc, openai.APIResponseValidationError):
-        return InferenceError("malformed_response", f"{type(exc).__name__}: {exc}")
+    if openai is not None:
+        if isinstance(exc, openai.APITimeoutError):
+            refused = _refused(exc)
+            if refused is not None:
+                return InferenceError("connection_error", f"{type(refused).__name__}: {refused}")
+            return InferenceError("timeout", "request timed out")
+        if isinstance(exc, openai.APIConnectionError):
+            cause = exc.__cause__
+            detail = f"{type(cause).__name__}: {cause}" if cause else str(exc)
+            return InferenceError("connection_error", detail)
+        if isinstance(exc, openai.APIStatusError):
+            return status_error(exc.status_code, exc.message, exc.response.headers)
+        if isinstance(exc, openai.APIResponseValidationError):
+            return InferenceError("malformed_response", f"{type(exc).__name__}: {exc}")
     return _classify_plain(exc)
 
 

@@ -82,7 +82,7 @@ class Sample:
             [0.0] * p + [1.0] * c,
             [0.0] * p + list(self.old_logprobs),
             [self.advantage] * (p + c),
-            [Span(p, p + c, self.turn, self.weights_version, None, self.weights_version_sent)],
+            [Span(p, p + c, self.turn, self.weights_version, weights_version_sent=self.weights_version_sent)],
         )
 
 
