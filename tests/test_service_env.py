@@ -167,3 +167,22 @@ def test_ids_from_another_replica_get_421(client: httpx.Client) -> None:
 def test_dot_dot_run_id_refused_at_create(client: httpx.Client) -> None:
     r = client.post("/env/create", json={"env_name": "crafter", "rl_run_id": "a..b"})
     assert r.status_code == 422 and "rl_run_id" in r.text
+
+
+@pytest.mark.parametrize("env_name", ["crafter", "textcraft", "babyai"])
+def test_step_answers_the_bytes_its_response_model_writes(client: httpx.Client, env_name: str) -> None:
+    """/env/step is encoded by orjson (`answer_json`); its bytes are pydantic's for the same
+    answer, rewards (floats, also when an int) and nested observations included."""
+    from grpo_service.models import EnvStepResponse
+
+    r = client.post("/env/create", json={"env_name": env_name, "seed": 3, "rl_run_id": "t"})
+    assert r.status_code == 200, r.text
+    env_id = r.json()["env_id"]
+    actions = {"crafter": ["do", "move_left", "do"], "textcraft": ["inventory"], "babyai": ["turn left"]}
+    for action in actions[env_name] * 3:
+        r = client.post("/env/step", json={"env_id": env_id, "action": action})
+        assert r.status_code == 200 and r.headers["content-type"] == "application/json", r.text
+        assert r.content == EnvStepResponse.model_validate_json(r.content).model_dump_json().encode()
+        assert isinstance(r.json()["reward"], float)
+        if r.json()["done"]:
+            break

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 from typing import Any
+
+from fastapi import Response
 
 from grpo_service.api.listing import PageDep, env_summary, paginate
 from grpo_service.api.routes import service_router
@@ -25,6 +26,7 @@ from grpo_service.models import (
     SnapshotResponse,
     TerminateResponse,
 )
+from grpo_service.models.encoding import answer_json
 
 router = service_router("env", prefix="/env")
 
@@ -62,10 +64,19 @@ async def reset(req: EnvResetRequest, services: ServicesDep) -> EnvResetResponse
 
 
 @router.post("/step", response_model=EnvStepResponse, responses=error_responses(400, 404, 409, 413, 421, 422))
-async def step(req: EnvStepRequest, services: ServicesDep) -> EnvStepResponse:
+async def step(req: EnvStepRequest, services: ServicesDep) -> Response:
     """Execute one action, a list of actions, or the tool calls a policy emitted."""
-    result = await services.envs.step(req.env_id, **req.step_args())
-    return EnvStepResponse(env_id=req.env_id, **asdict(result))
+    r = await services.envs.step(req.env_id, **req.step_args())
+    answer = EnvStepResponse(
+        env_id=req.env_id,
+        observation=r.observation,
+        reward=r.reward,
+        done=r.done,
+        truncated=r.truncated,
+        info=r.info,
+        step_idx=r.step_idx,
+    )
+    return Response(answer_json(answer), media_type="application/json")  # the hottest route: orjson
 
 
 @router.post(
