@@ -192,7 +192,10 @@ def capture_episode(sim: DeterministicCrafter) -> EpisodeState:
 def install_world(sim: DeterministicCrafter, state: WorldState) -> None:
     """Make ``sim``'s world a copy of ``state`` (which must be valid)."""
     world = sim._world
-    world.random = np.random.RandomState(0)
+    # The world's own generator is reset in place: building a new one seeds a Mersenne Twister
+    # first (a third of a cached reset). Nothing else holds it: each sim has its own world.
+    if not isinstance(getattr(world, "random", None), np.random.RandomState):
+        world.random = np.random.RandomState(0)
     keys = np.frombuffer(state.rng_keys, "<u4").astype(np.uint32)
     world.random.set_state(("MT19937", keys, *state.rng))
     world.daylight = state.daylight
@@ -235,9 +238,12 @@ def install_world(sim: DeterministicCrafter, state: WorldState) -> None:
 
 
 def _place(world: Any, obj: objects.Object, index: int) -> None:
+    x, y = int(obj.pos[0]), int(obj.pos[1])
     world._objects[index] = obj
-    world._obj_map[obj.pos[0], obj.pos[1]] = index
-    world._chunks[world.chunk_key(obj.pos)].add(obj)
+    world._obj_map[x, y] = index
+    (csx, csy), (w, h) = world._chunk_size, world.area  # World.chunk_key on Python ints
+    xmin, ymin = x // csx * csx, y // csy * csy
+    world._chunks[(xmin, min(xmin + csx, w), ymin, min(ymin + csy, h))].add(obj)
 
 
 # --------------------------------------------------------------------------------------------
