@@ -368,3 +368,12 @@ def test_cached_reset_equals_fresh_generation() -> None:
         a, b = cached.step(call), fresh.step(call)
         assert a == b and not a.done
     assert a.step_idx == 300 and cached.get_state() == fresh.get_state()
+    # a cached world installed over a played one (its generator reset in place)
+    assert cached.reset(4) == fresh.reset(4)
+    assert cache.hits == 2
+    for call in random_calls(5, 100):
+        a, b = cached.step(call), fresh.step(call)
+        assert a == b
+        if a.done:
+            break
+    assert cached.get_state() == fresh.get_state()
