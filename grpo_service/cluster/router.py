@@ -46,6 +46,7 @@ from grpo_service.models import (
     RunList,
     RunStarted,
 )
+from grpo_service.models.encoding import answer_json
 from grpo_service.rollout.batch import batch_response, check_batch_turns
 from grpo_service.rollout.coordinator import group_response
 
@@ -274,7 +275,7 @@ class ClusterRouter:
         members = [m for r in results for m in (r.members if isinstance(r, RolloutGroupResponse) else r)]
         members.sort(key=lambda m: m.group_index)
         response = group_response(group_id, members, time.monotonic() - started, req.group_size)
-        return 200, [(b"content-type", b"application/json")], response.model_dump_json().encode()
+        return 200, [(b"content-type", b"application/json")], answer_json(response)
 
     async def _batch(self, request: _Request) -> Answer | None:
         """``/rollouts``: the ids split over the hosts, one ``/rollouts`` of a share each."""
@@ -308,7 +309,7 @@ class ClusterRouter:
             else:
                 results += BatchRolloutsResponse.model_validate_json(answer[2]).results
         response = batch_response(req, results, time.monotonic() - started)
-        return 200, [(b"content-type", b"application/json")], response.model_dump_json().encode()
+        return 200, [(b"content-type", b"application/json")], answer_json(response)
 
 
 class _Request:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Response
+from pydantic import BaseModel
 
 from grpo_service.api.auth import require_api_key
 from grpo_service.api.limits import StrictJSONRoute
+from grpo_service.models.encoding import answer_json
 
 
 def service_router(tag: str, prefix: str = "") -> APIRouter:
@@ -13,3 +15,9 @@ def service_router(tag: str, prefix: str = "") -> APIRouter:
     return APIRouter(
         prefix=prefix, tags=[tag], dependencies=[Depends(require_api_key)], route_class=StrictJSONRoute
     )
+
+
+def json_answer(answer: BaseModel) -> Response:
+    """``answer`` as its route's ``response_model`` would send it, encoded by orjson (token ids and
+    observations are most of a hot route's answer; `answer_json` writes pydantic's bytes)."""
+    return Response(answer_json(answer), media_type="application/json")

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import Response
 
 from grpo_service.api.listing import PageDep, env_summary, paginate
-from grpo_service.api.routes import service_router
+from grpo_service.api.routes import json_answer, service_router
 from grpo_service.api.services import ServicesDep
 from grpo_service.core.registry import EnvHandle
 from grpo_service.errors import error_responses
@@ -26,7 +26,6 @@ from grpo_service.models import (
     SnapshotResponse,
     TerminateResponse,
 )
-from grpo_service.models.encoding import answer_json
 
 router = service_router("env", prefix="/env")
 
@@ -76,7 +75,7 @@ async def step(req: EnvStepRequest, services: ServicesDep) -> Response:
         info=r.info,
         step_idx=r.step_idx,
     )
-    return Response(answer_json(answer), media_type="application/json")  # the hottest route: orjson
+    return json_answer(answer)
 
 
 @router.post(

@@ -8,7 +8,7 @@ import orjson
 from fastapi import Path, Response
 
 from grpo_service.api.listing import PageDep, listed_run, paginate, run_progress, run_progress_fields
-from grpo_service.api.routes import service_router
+from grpo_service.api.routes import json_answer, service_router
 from grpo_service.api.services import ServicesDep
 from grpo_service.core.branching import branch as branch_envs
 from grpo_service.core.registry import RunHandle
@@ -27,7 +27,6 @@ from grpo_service.models import (
     RunStarted,
     RunStatusResponse,
 )
-from grpo_service.models.encoding import answer_json
 from grpo_service.rollout.coordinator import member_index
 
 router = service_router("rollout")
@@ -35,11 +34,6 @@ router = service_router("rollout")
 
 # A start-then-poll route answers at once: 202 and where to poll.
 STARTED: dict[str, Any] = {"response_model": RunStarted, "status_code": 202}
-
-
-def _answer(answer: RolloutResponse | RolloutGroupResponse) -> Response:
-    """The answer as `response_model` would send it, encoded by orjson (its token ids are most of it)."""
-    return Response(answer_json(answer), media_type="application/json")
 
 
 def _started(run: RunHandle) -> RunStarted:
@@ -51,7 +45,7 @@ def _started(run: RunHandle) -> RunStarted:
 )
 async def rollout(req: RolloutRequest, services: ServicesDep) -> Response:
     """Run a coordinated rollout (``ops`` of ``agent``/``env``) and return its trajectories."""
-    return _answer(await services.coordinator.rollout(req))
+    return json_answer(await services.coordinator.rollout(req))
 
 
 @router.post("/rollout/start", **STARTED, responses=error_responses(400, 404, 409, 413, 421, 422, 429))
@@ -67,7 +61,7 @@ async def rollout_start(req: RolloutRequest, services: ServicesDep) -> RunStarte
 )
 async def rollout_group(req: RolloutGroupRequest, services: ServicesDep) -> Response:
     """G concurrent rollouts from one start state (a seed or a snapshot), for a GRPO group."""
-    return _answer(await services.coordinator.group(req))
+    return json_answer(await services.coordinator.group(req))
 
 
 @router.post("/rollout/group/start", **STARTED, responses=error_responses(400, 404, 409, 413, 422, 429))
