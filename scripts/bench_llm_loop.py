@@ -2,7 +2,7 @@
 
     python scripts/bench_llm_loop.py --out bench_llm [--env babyai] [--sft-steps 150] [--rl-steps 40]
         [--sampler serve-model|vllm] [--seed 0] [--sft-from RUN] [--token-stream]
-    python scripts/bench_llm_loop.py --summarize RUN [RUN ...] --out SUMMARY
+    python scripts/bench_llm_loop.py --summarize RUN [RUN ...] --out SUMMARY [--keep SUMMARY.json]
 
 Everything runs on 127.0.0.1: `init-model` (a Qwen3 with a tokenizer trained on the game's text)
 → the task app and the sampler (`serve-model` in this process, or the real vLLM with ``--sampler
@@ -284,10 +284,47 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> dict[str, Any]:
+def kept_reports(summary_path: Path) -> dict[str, list[dict[str, Any]]]:
+    """An earlier summary.json's seeds, per sampler, as the run reports `summarize` reads (the
+    per-seed figures a summary keeps): for runs whose output directories are gone."""
+    kept: dict[str, list[dict[str, Any]]] = {}
+    for sampler, s in json.loads(summary_path.read_text())["samplers"].items():
+        reports = []
+        for i, seed in enumerate(s["seeds"]):
+            by_seed = s["by_seed"][str(seed)]
+            report: dict[str, Any] = {
+                "args": {"seed": seed},
+                "finished": s["finished"][i],
+                "eval_tasks": s["eval_tasks"],
+                "step_s": {part: v["values"][i] for part, v in s["rl_step_s"].items()},
+                "rl_tokens": {key: v["values"][i] for key, v in s["rl_step_tokens"].items()},
+                "rl_logprob_gap": by_seed["rl_logprob_gap_max"],
+                "rl": {
+                    "steps": s["rl_steps"][i],
+                    "totals": by_seed["rl_totals"],
+                    "weights_version_last": by_seed["weights_version_last"],
+                },
+                "sft": {"examples": s["sft_examples"][i]},
+            }
+            for stage, v in s["success"].items():
+                if seed in v["seeds"]:
+                    report[stage] = {
+                        "success_rate": v["values"][v["seeds"].index(seed)],
+                        "success_by_level": by_seed["success_by_level"].get(stage, {}),
+                    }
+            reports.append(report)
+        kept[sampler] = reports
+    return kept
+
+
+def summarize(
+    runs: list[Path], out: Path, beside: list[Path] | None = None, keep: Path | None = None
+) -> dict[str, Any]:
     """Several runs' reports, per sampler: each stage's held-out success over the training seeds
     (mean, sample sd), GRPO's gain over the same seed's SFT checkpoint, and a GRPO step's wall time.
-    The plot shows the samplers of earlier summaries (``beside``) too; summary.json holds these runs."""
+    ``keep``: an earlier summary.json whose seeds these runs do not give are kept from it (a run
+    given for a kept seed replaces it). The plot shows the samplers of earlier summaries
+    (``beside``) too; summary.json holds these runs."""
     by_sampler: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for run in runs:
         report = json.loads((run / "report.json").read_text())
@@ -310,6 +347,9 @@ def summarize(runs: list[Path], out: Path, beside: list[Path] | None = None) -> 
         report["rl_logprob_gap"] = max((m.get("logprob_max_abs_diff", 0.0) for m in steps), default=0.0)
         streams = "-streams" if report["args"].get("token_stream") else ""
         by_sampler[report["args"]["sampler"] + streams].append(report)
+    for sampler, reports in (kept_reports(keep) if keep else {}).items():
+        given = {r["args"]["seed"] for r in by_sampler[sampler]}
+        by_sampler[sampler] += [r for r in reports if r["args"]["seed"] not in given]
 
     def spread(values: list[float]) -> dict[str, Any]:
         sd = statistics.stdev(values) if len(values) > 1 else 0.0
@@ -481,6 +521,12 @@ def main() -> None:
         "it left (finished evaluations, SFT and GRPO metrics), for --summarize.",
     )
     parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="SUMMARY",
+        help="With --summarize: an earlier summary.json; its seeds that no RUN gives are kept.",
+    )
+    parser.add_argument(
         "--beside",
         type=Path,
         nargs="+",
@@ -489,7 +535,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.summarize:
-        summarize(args.summarize, args.out, args.beside)
+        summarize(args.summarize, args.out, args.beside, args.keep)
         return
     game = GAMES[args.env]
     eval_tasks = game.task_ids(1000, args.eval_tasks)  # instances no training run ever sees
