@@ -8,7 +8,8 @@ import json
 from pathlib import Path
 
 from grpo_service import create_app
-from grpo_service.protocols.openenv.links import ClusterLink
+from grpo_service.cluster.step_batcher import batched
+from grpo_service.protocols.openenv.links import STEP_LINK, ClusterLink, LinkRequest, is_step_frame
 from tests.conftest import make_settings
 
 KEY = "links-test-key-0123456789"
@@ -21,6 +22,10 @@ async def test_a_cluster_link_plays_a_session_through_the_app(tmp_path: Path) ->
     assert opened.session_id is not None and opened.reply is None
     reset = await link.frame(json.dumps({"type": "reset", "data": {"seed": 1, "episode_id": "linked"}}))
     assert reset.reply is not None and reset.reply["type"] == "observation" and reset.close is None
+    step = await link.frame(json.dumps({"type": "step", "data": {"action": "inventory"}}))  # op "step"
+    assert step.reply is not None and step.reply["type"] == "observation", step
+    odd = await link.frame(json.dumps({"type": "step", "data": 5}))  # checked on the host as any frame
+    assert odd.reply is not None and odd.reply["data"]["code"] == "VALIDATION_ERROR" and odd.close is None
     bad = await link.frame("not json")
     assert bad.reply is not None and bad.reply["data"]["code"] == "INVALID_JSON" and bad.close is None
     state = (await link.frame(json.dumps({"type": "state"}))).reply
@@ -42,3 +47,20 @@ async def test_a_cluster_link_plays_a_session_through_the_app(tmp_path: Path) ->
     keyless = ClusterLink(app, "/openenv/textcraft/link", [])
     unauthorized = await keyless.open(None)
     assert unauthorized.close == 1000 and "401" in unauthorized.reply["data"]["message"]  # type: ignore[index]
+
+
+def test_the_front_sends_step_frames_with_the_other_steps_of_their_turn() -> None:
+    """A step frame's link request is recognised by its first bytes (`STEP_LINK`), which the Ray
+    front's router sends through the step batcher; every other operation goes alone."""
+    assert [is_step_frame(raw) for raw in ('{"type": "step", "data": {}}', '{"data":1,"type":"step"}')] == [
+        True,
+        True,
+    ]
+    others = ('{"type": "reset"}', '{"data": {"type": "step"}}', "[1]", "not json", "[" * 2_000 + "]" * 2_000)
+    assert not any(is_step_frame(raw) for raw in others)
+    step = LinkRequest(op="step", session_id="h1-abc", frame='{"type":"step"}').model_dump_json().encode()
+    assert step.startswith(STEP_LINK) and batched("POST", "/openenv/textcraft/link", step)
+    for op in ("open", "frame", "check", "end"):
+        body = LinkRequest(op=op, session_id="h1-abc", frame="{}").model_dump_json().encode()  # type: ignore[arg-type]
+        assert not batched("POST", "/openenv/textcraft/link", body), op
+    assert batched("POST", "/env/step", b"{}") and not batched("GET", "/openenv/textcraft/link", step)

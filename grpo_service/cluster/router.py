@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from grpo_service.api.asgi import Answer, RequestArgs, call_asgi
 from grpo_service.api.listing import Page, paginate
 from grpo_service.cluster.cluster import Cluster, HostRef, share
-from grpo_service.cluster.step_batcher import BATCHED, StepBatcher
+from grpo_service.cluster.step_batcher import StepBatcher, batched
 from grpo_service.core.registry import TAGGED_ID_PATTERN, new_id
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
@@ -124,7 +124,7 @@ class ClusterRouter:
             )
         if tags:
             owner = await self.cluster.owner(tags.pop())
-            if (method, path) in BATCHED:
+            if batched(method, path, body):
                 return await self.steps.request(owner, request.args())
             return await self._forward(owner, request, weight=_weight(path))
         return await self._placed(request)
