@@ -208,3 +208,28 @@ def test_a_model_pydantic_writes_its_own_way_is_left_to_it(model: BaseModel) -> 
 )
 def test_the_answers_models_take_the_fast_path(cls: type[BaseModel]) -> None:
     assert _plan(cls) is not None
+
+
+@pytest.mark.parametrize("name", ["plain", "ints in float fields", "nulls and text", "a datetime", "a trace"])
+def test_a_group_joined_from_encoded_shares_is_the_whole_groups_bytes(name: str) -> None:
+    """A group spread over Ray hosts: each host writes its members (`EncodedMember`), the front
+    joins them (`joined_group_json`); the bytes are the whole group's answer, as pydantic writes
+    it, with a failed, an aborted and a warned member."""
+    from grpo_service.rollout.group_answer import EncodedMember, group_response, joined_group_json
+
+    done = CASES[name].members[0]
+    assert done.result is not None
+    warned = done.result.model_copy(update={"warnings": ["w1", "w2"]})
+    members = [
+        done.model_copy(update={"group_index": 0, "run_id": "g-1.0"}),
+        GroupMember(group_index=1, run_id="g-1.1", status="failed", error="host h2 is lost"),
+        done.model_copy(update={"group_index": 2, "run_id": "g-1.2", "result": warned}),
+        done.model_copy(update={"group_index": 3, "run_id": "g-1.3", "status": "aborted"}),
+    ]
+    whole = group_response("g-1", members, 1.25, group_size=4)
+    shares = [[EncodedMember.of(m) for m in members[:2]], [EncodedMember.of(m) for m in members[2:]]]
+    joined = joined_group_json("g-1", [m for share in shares for m in share], 1.25, group_size=4)
+    assert joined == whole.model_dump_json().encode() == answer_json(whole)
+    assert (
+        joined_group_json("g-2", [], 0.0, 0) == group_response("g-2", [], 0.0, 0).model_dump_json().encode()
+    )

@@ -149,18 +149,20 @@ class Host:
         return list(answers)
 
     async def group_part(self, body: bytes, members: Sequence[int], background: bool = False) -> Any:
-        """Members ``members`` of the group ``body`` asks for: a `RolloutGroupResponse` of those
-        members (``background``: started, its run id), or the error the whole group would get,
-        as ``(status, code, detail)``."""
+        """Members ``members`` of the group ``body`` asks for: those members, each written as JSON
+        (`EncodedMember`: the front joins them without encoding them again; ``background``:
+        started, its run id), or the error the whole group would get, as ``(status, code, detail)``."""
         from pydantic import ValidationError
 
         from grpo_service.models import RolloutGroupRequest
+        from grpo_service.rollout.group_answer import EncodedMember
 
         try:
             req = RolloutGroupRequest.model_validate_json(body)
             if background:
                 return self.services.coordinator.start_group(req, members=list(members)).id
-            return await self.services.coordinator.group(req, members=list(members))
+            part = await self.services.coordinator.group(req, members=list(members))
+            return [EncodedMember.of(member) for member in part.members]
         except ServiceError as exc:
             return (exc.status_code, exc.code, exc.message)
         except ValidationError as exc:  # the front checked the body: only a version skew gets here

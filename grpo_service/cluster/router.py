@@ -48,7 +48,7 @@ from grpo_service.models import (
 )
 from grpo_service.models.encoding import answer_json
 from grpo_service.rollout.batch import batch_response, check_batch_turns
-from grpo_service.rollout.coordinator import group_response
+from grpo_service.rollout.group_answer import EncodedMember, group_response, joined_group_json
 
 _ID_IN_BODY = re.compile(f'"{TAGGED_ID_PATTERN}"'.encode())  # a whole JSON string
 _ID_IN_PATH = re.compile(f"/{TAGGED_ID_PATTERN}(?=/|$)")  # a whole path segment
@@ -253,7 +253,11 @@ class ClusterRouter:
                 if background:  # nothing will report them: the start fails as a whole
                     return (exc.status_code, exc.code, exc.message)
                 return [
-                    GroupMember(group_index=i, run_id=f"{group_id}.{i}", status="failed", error=exc.message)
+                    EncodedMember.of(
+                        GroupMember(
+                            group_index=i, run_id=f"{group_id}.{i}", status="failed", error=exc.message
+                        )
+                    )
                     for i in members
                 ]
             finally:
@@ -272,10 +276,9 @@ class ClusterRouter:
         if background:
             begun = RunStarted(run_id=group_id, status="running", status_url=f"/run/status/{group_id}")
             return _json_answer(202, begun.model_dump(mode="json"))
-        members = [m for r in results for m in (r.members if isinstance(r, RolloutGroupResponse) else r)]
-        members.sort(key=lambda m: m.group_index)
-        response = group_response(group_id, members, time.monotonic() - started, req.group_size)
-        return 200, [(b"content-type", b"application/json")], answer_json(response)
+        members = sorted((m for r in results for m in r), key=lambda m: m.group_index)
+        content = joined_group_json(group_id, members, time.monotonic() - started, req.group_size)
+        return 200, [(b"content-type", b"application/json")], content
 
     async def _batch(self, request: _Request) -> Answer | None:
         """``/rollouts``: the ids split over the hosts, one ``/rollouts`` of a share each."""

@@ -16,8 +16,6 @@ rollouts and groups and ties their answers together.
 from __future__ import annotations
 
 import asyncio
-import math
-import statistics
 import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
@@ -28,14 +26,13 @@ from grpo_service.core.policy_manager import PolicyManager, check_plays
 from grpo_service.core.registry import Claim, EnvHandle, Hold, Registry, RunHandle, new_instance_id
 from grpo_service.errors import Unprocessable
 from grpo_service.models import (
-    GroupMember,
-    GroupMetrics,
     RolloutGroupRequest,
     RolloutGroupResponse,
     RolloutRequest,
     RolloutResponse,
 )
 from grpo_service.rollout.forks import ForkingGroup, admit_tree, check_forkable
+from grpo_service.rollout.group_answer import group_response
 from grpo_service.rollout.membership import Membership
 from grpo_service.rollout.player import RolloutPlayer, member_request
 from grpo_service.rollout.run_book import RunBook
@@ -220,32 +217,6 @@ def check_turns(turns: int, asked: str, settings: Settings) -> None:
 def member_index(member_id: str) -> int:
     """A group member's index, from its run id ``{group_id}.{index}``."""
     return int(member_id.rsplit(".", 1)[1])
-
-
-def group_response(
-    group_id: str, members: list[GroupMember], wall_s: float, group_size: int, tree: Any = None
-) -> RolloutGroupResponse:
-    """A group's answer from its members (in index order): the GRPO returns (of the
-    ``group_size`` first members; fork continuations follow them) and their statistics."""
-    returns = [m.result.metrics.mean_return if m.result else None for m in members]
-    valid = [r for r in returns[:group_size] if r is not None and math.isfinite(r)]
-    return RolloutGroupResponse(
-        group_id=group_id,
-        members=members,
-        tree=tree,
-        metrics=GroupMetrics(
-            returns=returns,
-            mean_return=statistics.fmean(valid) if valid else None,
-            std_return=statistics.pstdev(valid) if valid else None,
-            completed=sum(1 for m in members if m.status == "completed"),
-            failed=sum(1 for m in members if m.status == "failed"),
-            wall_time_s=round(wall_s, 6),
-            llm_calls_without_tokens=sum(
-                m.result.metrics.llm_calls_without_tokens for m in members if m.result
-            ),
-        ),
-        warnings=list(dict.fromkeys(w for m in members if m.result for w in m.result.warnings)),
-    )
 
 
 async def _released(claim: Claim | None, work: Awaitable[T]) -> T:
