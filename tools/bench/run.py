@@ -475,7 +475,9 @@ class Bench:
         self.samples = Samples()
         self.servers: list[ChildServer] = []
         self.notes: list[str] = []
-        self.workers = cpu_count()  # Ray hosts of each multi-host server (serve --workers 0)
+        # Ray hosts of each multi-host server (serve --workers 0); the smoke run serves those as one
+        # process each (0 here): a local Ray cluster takes longer to start than the smoke run measures.
+        self.workers = cpu_count() if plan.mode != "smoke" else 0
 
     def _service(self, name: str, fake_url: str, *, workers: int = 1, **settings: Any) -> ChildServer:
         """A task-app server: one process pinned to the service CPU, or ``workers=0``: the front
@@ -492,6 +494,11 @@ class Bench:
         }
         cpus = self.layout.service if workers == 1 else None
         return self._start(ChildServer("service", payload, cpus=cpus, log=self._logfile(name)))
+
+    def _multi_host(self) -> str:
+        if not self.workers:
+            return "one process each, pinned like the one-worker server (the smoke run starts no Ray cluster)"
+        return f"{self.workers} Ray hosts each (serve --workers 0), unpinned"
 
     def _fake(self, name: str, latency_s: float) -> ChildServer:
         payload = {
@@ -529,18 +536,19 @@ class Bench:
         if trace_problem:
             self.samples.skipped["rollout_traced_steps_per_s"] = trace_problem
             self.notes.append(f"rollout_traced_steps_per_s skipped: {trace_problem}")
-        self.log(f"layout: {self.layout.describe()}; multi-host servers: {self.workers} Ray hosts, unpinned")
+        self.log(f"layout: {self.layout.describe()}; multi-host servers: {self._multi_host()}")
         try:
             fake0 = self._fake("fake-0ms", 0.0)
             fake200 = self._fake("fake-200ms", LLM_LATENCY_S)
             for fake in (fake0, fake200):
                 fake.wait_ready()
             one = self._service("service-1worker", fake0.base_url)
-            many = self._service("service", fake0.base_url, workers=0)
+            multi = 0 if self.workers else 1  # serve --workers 0, or one process
+            many = self._service("service", fake0.base_url, workers=multi)
             traced = None
             if not trace_problem:
                 traced = self._service(
-                    "service-traced", fake0.base_url, workers=0, trace_db=str(self.workdir / "trace.db")
+                    "service-traced", fake0.base_url, workers=multi, trace_db=str(self.workdir / "trace.db")
                 )
             floor_server = self._start(
                 ChildServer(
@@ -554,7 +562,7 @@ class Bench:
             group_seeds = list(range(101, 101 + max(1, plan.llm_rollouts // plan.group_size)))
             with pinned(self.layout.harness):
                 for server in servers:  # every host caches the worlds it will play
-                    hosts = 1 if server is one else self.workers
+                    hosts = self.workers if server is not one and self.workers else 1
                     asyncio.run(served.warm_worlds(server.base_url, [7], hosts=hosts))
                     asyncio.run(
                         served.warm_worlds(server.base_url, group_seeds, plan.warm_episodes, hosts=hosts)
@@ -899,7 +907,7 @@ class Bench:
                 "fake_actions_per_call": list(self.plan.actions_per_call),
                 "rollout_steps_per_decision": statistics.median(spd) if spd else None,
                 "load_generator": "this process, asyncio + raw HTTP/1.1 keep-alive sockets",
-                "multi_host_servers": f"{self.workers} Ray hosts each (serve --workers 0), unpinned",
+                "multi_host_servers": self._multi_host(),
                 "http_request": '{"env_id": ..., "action": "<random name>"}; full response parsed',
                 "statistic": "median over repeats; spread = [min, max]; ratios = median of per-repeat ratios",
             },
