@@ -204,3 +204,24 @@ def test_cli_fault_parser() -> None:
     assert _parse_fault_prob("http_500=0.25") == ("http_500", 0.25)
     with pytest.raises(Exception, match="unknown fault"):
         _parse_fault_prob("explode=1")
+
+
+def test_completions_are_written_as_json_response_writes_them(server: FakeInferenceServer) -> None:
+    """The fake writes its completions by orjson: the bytes are Starlette's `JSONResponse`'s
+    (compact, UTF-8), tool calls, logprob entries, token ids and non-ASCII text included."""
+    from fastapi.responses import JSONResponse
+
+    unicode = [{"role": "user", "content": "é ✓ 😀 \u2028"}]
+    for body in (
+        chat_body(logprobs=True, top_logprobs=2, return_token_ids=True, seed=3),
+        chat_body(n=3, logprobs=True),
+        {"model": "fake-model", "messages": unicode, "logprobs": True, "return_token_ids": True},
+    ):
+        r = post(server, body)
+        assert r.status_code == 200 and r.content == JSONResponse(r.json()).body
+    text = httpx.post(
+        f"{server.base_url}/v1/completions",
+        json={"model": "fake-model", "prompt": [1, 2, 3], "max_tokens": 4, "logprobs": 1},
+        timeout=5,
+    )
+    assert text.status_code == 200 and text.content == JSONResponse(text.json()).body
