@@ -191,6 +191,34 @@ def test_steps_sent_in_one_turn_go_to_their_host_in_one_call() -> None:
     asyncio.run(run())
 
 
+def test_hosts_run_at_the_fronts_priority(ray_local: None, tmp_path: Path) -> None:
+    """Ray starts its workers at nice 15; the hosts serve every request, so they are started at
+    the front's own niceness (below it, they waited behind the front for a core: seconds a step)."""
+    import os
+
+    import psutil
+    import ray
+
+    from grpo_service import create_app
+    from tests.conftest import served_settings
+    from tools.server_thread import ServerThread
+
+    settings = served_settings(tmp_path, "ray")
+    front = ServerThread(create_app(settings), name="front-nice").start(timeout_s=60)
+    try:
+        hosts = [
+            ray.get_actor(a["name"], namespace=settings.ray_namespace)
+            for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == settings.ray_namespace and a["name"].startswith("grpo-host-")
+        ]
+        assert len(hosts) == 2
+        for host in hosts:
+            pid = ray.get(host.start.remote(), timeout=30)["pid"]
+            assert psutil.Process(pid).nice() == os.nice(0)
+    finally:
+        front.stop()
+
+
 def test_two_fronts_serve_one_cluster_s_hosts(ray_local: None, tmp_path: Path) -> None:
     """A second front in the same namespace finds the first one's hosts through Ray (no table of
     its own): ids made through one front are served by the other, and listings agree."""

@@ -40,6 +40,7 @@ log = logging.getLogger(__name__)
 SUSPECT_S = 10.0  # a host that did not answer is not given new work for this long
 CALL_TIMEOUT_S = 30.0  # control calls (counts, listings, lifecycle)
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # a local cluster's object store: requests, answers, traces
+RAY_WORKER_NICENESS = "RAY_worker_niceness"  # the niceness Ray starts a worker at (its env, default 15)
 
 
 class HostError(ServiceError, status=502, code="host_error"):
@@ -162,12 +163,17 @@ class Cluster:
         cpus = resources.get("CPU", 1.0)
         return max(1, int(cpus // self.settings.ray_host_cpus)) if self.settings.ray_host_cpus else 1
 
-    def _options(self, name: str) -> dict[str, Any]:
+    def _options(self, name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
         return {
             "name": name,
             "namespace": self.namespace,
             "lifetime": "detached" if self.settings.ray_keep_hosts else None,
             "max_restarts": 0,
+            # Ray starts its workers at nice 15 (its `worker_niceness`), below the front: a host
+            # then waits for a core behind the front and the clients, and under load every frame
+            # and step took seconds at a low CPU. The cluster's actors serve requests: nice 0, as
+            # Ray's own job supervisor is started.
+            "runtime_env": {"env_vars": {RAY_WORKER_NICENESS: "0", **(env or {})}},
         }
 
     async def _trace_sink(self) -> Any:
@@ -204,11 +210,10 @@ class Cluster:
             actor = (
                 ray.remote(Host)
                 .options(
-                    **self._options(host_name(tag)),
+                    **self._options(host_name(tag), {INSTANCE_ENV_VAR: tag}),
                     num_cpus=self.settings.ray_host_cpus,
                     max_concurrency=100_000,
                     scheduling_strategy="SPREAD",
-                    runtime_env={"env_vars": {INSTANCE_ENV_VAR: tag}},
                 )
                 .remote(
                     tag,
