@@ -252,14 +252,11 @@ class ClusterRouter:
             except ServiceError as exc:  # the host is lost: its members failed, the group goes on
                 if background:  # nothing will report them: the start fails as a whole
                     return (exc.status_code, exc.code, exc.message)
-                return [
-                    EncodedMember.of(
-                        GroupMember(
-                            group_index=i, run_id=f"{group_id}.{i}", status="failed", error=exc.message
-                        )
-                    )
+                failed = [
+                    GroupMember(group_index=i, run_id=f"{group_id}.{i}", status="failed", error=exc.message)
                     for i in members
                 ]
+                return [EncodedMember.of(member) for member in failed]
             finally:
                 host.inflight -= len(members)
 

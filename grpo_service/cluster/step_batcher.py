@@ -23,14 +23,12 @@ from grpo_service.api.asgi import Answer, RequestArgs
 from grpo_service.cluster.cluster import Cluster, HostRef
 from grpo_service.protocols.openenv.links import STEP_LINK
 
-BATCHED = frozenset({("POST", "/env/step")})
-
 
 def batched(method: str, path: str, body: bytes) -> bool:
     """Whether a request to one host is a step, sent with the others of its event-loop turn."""
-    if method != "POST":
-        return False
-    return (method, path) in BATCHED or (path.startswith("/openenv/") and body.startswith(STEP_LINK))
+    return method == "POST" and (
+        path == "/env/step" or (path.startswith("/openenv/") and body.startswith(STEP_LINK))
+    )
 
 
 class StepBatcher:
