@@ -215,6 +215,9 @@ class Sessions:
         return self.first_observation(session, result)
 
     async def step(self, session: OpenEnvSession, data: dict[str, Any] | None) -> dict[str, Any]:
+        action = data.get("action") if data is not None and len(data) == 1 else None
+        if type(action) is str:  # {"action": text}, nearly every frame: valid as it is (`StepData`)
+            return await self._step(session, {"actions": [action]})
         data = dict(data or {})
         if isinstance(data.get("metadata"), dict):
             del data["metadata"]  # the field every OpenEnv `Action` has (a typed client's model_dump)
