@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -94,12 +95,32 @@ SLOW_MODULES = frozenset(
         "test_trl.py",  # TRL's GRPOTrainer training against the task app
     }
 )
+RAY_MODULES = frozenset({"test_ray.py", "test_openenv_ray.py"})
 
 
+# The suite runs on two pytest-xdist workers (`--dist loadgroup`). Tests of a local Ray cluster
+# share one worker: each worker would start its own, and ``ray_address="auto"`` finds a cluster
+# by machine-wide files. So do the tests of the one real vLLM (it takes a minute to start).
+RAY_NAME = re.compile(r"(^|[_\[-])ray($|[_\]-])")
+
+
+def xdist_group(item: pytest.Item) -> str | None:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if "ray" in params.values() or RAY_NAME.search(item.name) or item.path.name in RAY_MODULES:
+        return "ray"
+    if "real_vllm" in getattr(item, "fixturenames", ()):
+        return "vllm"
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        group = xdist_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture
@@ -265,6 +286,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     """When a selected test needs the real vLLM, start it now: its minute of start-up then runs
     beside the tests before the first one that uses it, on the core the test process leaves idle."""
     global _early_vllm
+    if "PYTEST_XDIST_WORKER" in os.environ:  # each worker collects every test: start it when used
+        return
     if session.config.option.collectonly or not any(
         "real_vllm" in getattr(item, "fixturenames", ()) for item in session.items
     ):
