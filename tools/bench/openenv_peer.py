@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import socket
 import sys
@@ -72,9 +73,19 @@ def serve(fd: int) -> None:
     uvicorn.Server(config).run(sockets=[socket.socket(fileno=fd)])
 
 
-async def _round(url: str, clients: int, steps: int, actions: list[str], seed: int) -> float:
+def _cpu_s(pid: int) -> float:
+    """Process ``pid``'s CPU seconds, user and system (``/proc``: this venv has no psutil)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _round(
+    url: str, pid: int, clients: int, steps: int, actions: list[str], seed: int
+) -> tuple[float, float, float]:
     """``clients`` sessions on ``url`` (connected and reset outside the timing), each stepping
-    ``steps`` times with random ``actions`` (a finished episode is reset, not counted): steps/s."""
+    ``steps`` times with random ``actions`` (a finished episode is reset, not counted): steps/s,
+    and the CPU seconds over the timed steps of this client process and of the server (``pid``)."""
     from openenv.core import GenericEnvClient
 
     envs = [GenericEnvClient(base_url=url, message_timeout_s=600) for _ in range(clients)]
@@ -91,28 +102,41 @@ async def _round(url: str, clients: int, steps: int, actions: list[str], seed: i
                 if result.done:
                     await env.reset(seed=seed + i)
 
-        started = time.perf_counter()
+        started, cpu, server_cpu = time.perf_counter(), time.process_time(), _cpu_s(pid)
         await asyncio.gather(*(play(i, env) for i, env in enumerate(envs)))
-        return clients * steps / (time.perf_counter() - started)
+        rate = clients * steps / (time.perf_counter() - started)
+        return rate, time.process_time() - cpu, _cpu_s(pid) - server_cpu
     finally:
         for env in envs:
             await env.close()
 
 
-async def drive(spec: dict[str, Any]) -> dict[str, list[float]]:
-    """``spec``: ``urls`` (name → server URL), ``clients``, ``steps`` (per client and round),
-    ``rounds``, ``actions``, ``seed``. Each round plays every server in turn, the order rotating
-    from round to round. Returns each server's steps/s per round."""
+async def drive(spec: dict[str, Any]) -> dict[str, dict[str, list[float]]]:
+    """``spec``: ``urls`` (name → server URL), ``pids`` (name → the server's process), ``clients``,
+    ``steps`` (per client and round), ``rounds``, ``actions``, ``seed``. Each round plays every
+    server in turn, the order rotating from round to round. Returns, per server and round, its
+    steps/s (``rates``) and the CPU µs per step of the client (``client_cpu_us``) and of the
+    server (``server_cpu_us``; /proc counts in 10 ms ticks: a round's is within a tick)."""
     names = list(spec["urls"])
-    rates: dict[str, list[float]] = {name: [] for name in names}
+    report: dict[str, dict[str, list[float]]] = {
+        part: {name: [] for name in names} for part in ("rates", "client_cpu_us", "server_cpu_us")
+    }
+    steps = spec["clients"] * spec["steps"]
     for rnd in range(spec["rounds"]):
         order = names[rnd % len(names) :] + names[: rnd % len(names)]
         for name in order:
-            rate = await _round(
-                spec["urls"][name], spec["clients"], spec["steps"], spec["actions"], spec["seed"]
+            rate, client_s, server_s = await _round(
+                spec["urls"][name],
+                spec["pids"][name],
+                spec["clients"],
+                spec["steps"],
+                spec["actions"],
+                spec["seed"],
             )
-            rates[name].append(rate)
-    return rates
+            report["rates"][name].append(rate)
+            report["client_cpu_us"][name].append(client_s / steps * 1e6)
+            report["server_cpu_us"][name].append(server_s / steps * 1e6)
+    return report
 
 
 def main(argv: list[str]) -> None:

@@ -53,8 +53,8 @@ class PeerPlan:
 
 PEER_PLANS = {
     "smoke": PeerPlan(1, 20, 20, client_start_s=0.5),
-    "quick": PeerPlan(3, 300, 300),
-    "full": PeerPlan(5, 600, 600),
+    "quick": PeerPlan(3, 1000, 300),
+    "full": PeerPlan(5, 2000, 600),
 }
 
 
@@ -104,11 +104,20 @@ class PeerServer(ServerProcess):
 
 
 def openenv_rounds(
-    python: Path, urls: dict[str, str], clients: int, steps: int, rounds: int, cpus: set[int] | None
-) -> dict[str, list[float]]:
-    """OpenEnv's own client (in its venv, pinned to ``cpus``) against each of ``urls``."""
+    python: Path,
+    urls: dict[str, str],
+    pids: dict[str, int],
+    clients: int,
+    steps: int,
+    rounds: int,
+    cpus: set[int] | None,
+) -> dict[str, dict[str, list[float]]]:
+    """OpenEnv's own client (in its venv, pinned to ``cpus``) against each of ``urls`` (served by
+    process ``pids[name]``): per server and round, its steps/s (``rates``) and the CPU µs per
+    step of the client (``client_cpu_us``) and of the server (``server_cpu_us``)."""
     spec = {
         "urls": urls,
+        "pids": pids,
         "clients": clients,
         "steps": steps,
         "rounds": rounds,
@@ -304,12 +313,16 @@ def run_peers(
             )
             peers.append(peer.start("/health"))
             urls = {"ours": f"{ours.base_url}/openenv/textcraft", "peer": peer.base_url}
+            pids = {"ours": ours.pid, "peer": peer.pid}
             for clients in (1, 16):
                 steps = max(1, plan.openenv_steps // (1 if clients == 1 else 4))
                 log(f"  OpenEnv, {clients} client(s): {plan.rounds} rounds x {steps} steps per client")
-                rates = openenv_rounds(python, urls, clients, steps, plan.rounds, harness_cpus)
-                samples[f"openenv_steps_per_s_{clients}"] = rates["ours"]
-                samples[f"openenv_peer_steps_per_s_{clients}"] = rates["peer"]
+                driven = openenv_rounds(python, urls, pids, clients, steps, plan.rounds, harness_cpus)
+                rates = driven["rates"]
+                for side, key in (("ours", "openenv"), ("peer", "openenv_peer")):
+                    samples[f"{key}_steps_per_s_{clients}"] = rates[side]
+                    samples[f"{key}_server_cpu_us_per_step_{clients}"] = driven["server_cpu_us"][side]
+                    samples[f"{key}_client_cpu_us_per_step_{clients}"] = driven["client_cpu_us"][side]
                 log(f"    ours {_list(rates['ours'])}; OpenEnv's server {_list(rates['peer'])}")
             peer.stop()
         agentgym = PeerServer(

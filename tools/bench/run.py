@@ -260,6 +260,22 @@ PEER_FIGURES: tuple[Figure, ...] = tuple(
     for n in counts
     for side, what in ((proto, ours), (f"{proto}_peer", f"{theirs} under the same clients"))
 )
+# Where a step's time goes with OpenEnv's client: a round trip is the client's CPU, then the
+# server's, so with one client the client's share bounds what a faster server can gain.
+PEER_CPU_FIGURES: tuple[Figure, ...] = tuple(
+    Figure(
+        f"{side}_{part}_cpu_us_per_step_{n}",
+        "us",
+        f"{what} CPU per step, {n} client{'s' if n > 1 else ''}: {how}",
+        False,
+    )
+    for n in (1, 16)
+    for side, server in (("openenv", "our server"), ("openenv_peer", "OpenEnv's own server"))
+    for part, what, how in (
+        ("server", f"{server}'s", "its process CPU time (psutil) over the rounds / the steps"),
+        ("client", f"OpenEnv's client's, against {server},", "its process CPU time over the timed steps"),
+    )
+)
 SESSION_FIGURES: tuple[Figure, ...] = (
     Figure(
         "sessions_held",
@@ -288,7 +304,7 @@ SESSION_FIGURES: tuple[Figure, ...] = (
     Figure("sessions_p99_step_ms_ray", "ms", "p99 step latency at sessions_held_ray", False),
     Figure("sessions_leaked_ray", "envs", "as sessions_leaked, through Ray", False),
 )
-FIGURES = FIGURES + PEER_FIGURES + SESSION_FIGURES
+FIGURES = FIGURES + PEER_FIGURES + PEER_CPU_FIGURES + SESSION_FIGURES
 FIGURE_KEYS = tuple(f.key for f in FIGURES)
 
 
