@@ -87,7 +87,15 @@ def _nested_too_deep() -> json.JSONDecodeError:
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # Where orjson would answer otherwise than `json`: an integer of 19 digits or more (orjson reads
 # one past 64 bits as a float) and surrogate escapes (`json`'s rules above decide those).
-_ORJSON_DIFFERS = re.compile(rb"\d{19}|\\u[dD][89a-fA-F]")
+_LONG_NUMBER = re.compile(rb"\d{19}")
+_DIGITS = b"0123456789"
+
+
+def _orjson_differs(raw: bytes) -> bool:
+    # The regexes only when a body could match them: counting digits is a tenth of a search.
+    if len(raw) - len(raw.translate(None, _DIGITS)) >= 19 and _LONG_NUMBER.search(raw):
+        return True
+    return b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
 
 
 # One decoder for every call (json.loads with these hooks builds one per call; the bytes are
@@ -109,7 +117,7 @@ def strict_json(body: bytes | str) -> Any:
     wording) is the rule."""
     raw = body.encode() if isinstance(body, str) else body
     try:
-        if _ORJSON_DIFFERS.search(raw):
+        if _orjson_differs(raw):
             raise ValueError
         value = orjson.loads(raw)
     except ValueError:  # orjson.JSONDecodeError is one
