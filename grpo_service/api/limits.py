@@ -112,8 +112,8 @@ def strict_json(body: bytes | str) -> Any:
     recurse (about 1,000 levels: a few KB of ``[``) included, which Python's `json` answers with
     a `RecursionError` (a 500, or a traceback per WebSocket frame).
 
-    orjson parses first (a tenth of `json`'s CPU on a small body, which is every step request and
-    frame); whatever it refuses is parsed again by `json`, whose answer (a value, or the error's
+    orjson parses first (an eighth of `json`'s CPU on a small body, which is every step request
+    and frame); whatever it refuses is parsed again by `json`, whose answer (a value, or the error's
     wording) is the rule."""
     raw = body.encode() if isinstance(body, str) else body
     try:
