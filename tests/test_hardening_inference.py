@@ -40,15 +40,19 @@ class Expected:
 
 
 BACKOFF_S = 0.5 + 1.0  # the most two backoffs can take (base 0.5 s, doubling, jittered down)
-# A fault that is not retried ends its rollout at once: the fake's request count shows that it
-# was not retried; this bound only shows that nothing waited (the suite runs on loaded cores).
-NO_RETRY_S = 3.0
+# The fakes' request counts show how often each fault was tried; these bounds only show that
+# nothing waited longer than its timeouts and backoffs, with slack for the suite's loaded cores.
+SLACK_S = 2.5
+NO_RETRY_S = 3.0  # a fault that is not retried ends its rollout at once
 EXPECTED: dict[str, Expected] = {
-    "timeout": Expected("policy_error:inference_timeout", RETRIES + 1, 3 * LLM_TIMEOUT_S + BACKOFF_S + 1),
-    "http_429": Expected("policy_error:inference_rate_limited", RETRIES + 1, 2.0),  # Retry-After 0.05 s
-    "http_500": Expected("policy_error:inference_server_error", RETRIES + 1, BACKOFF_S + 1),
-    "http_503": Expected("policy_error:inference_server_error", RETRIES + 1, BACKOFF_S + 1),
-    "cut_stream": Expected("policy_error:inference_connection_error", RETRIES + 1, BACKOFF_S + 1),
+    "timeout": Expected(
+        "policy_error:inference_timeout", RETRIES + 1, 3 * LLM_TIMEOUT_S + BACKOFF_S + SLACK_S
+    ),
+    # Retry-After 0.05 s is honoured instead of the backoff: a tighter bound than the backoffs get.
+    "http_429": Expected("policy_error:inference_rate_limited", RETRIES + 1, 2.0),
+    "http_500": Expected("policy_error:inference_server_error", RETRIES + 1, BACKOFF_S + SLACK_S),
+    "http_503": Expected("policy_error:inference_server_error", RETRIES + 1, BACKOFF_S + SLACK_S),
+    "cut_stream": Expected("policy_error:inference_connection_error", RETRIES + 1, BACKOFF_S + SLACK_S),
     "malformed_json": Expected("policy_error:inference_malformed_response", 1, NO_RETRY_S),
     "token_mismatch": Expected("policy_error:inference_malformed_response", 1, NO_RETRY_S),
     "no_tool_call": Expected("policy_error:no_tool_call", 1, NO_RETRY_S),
