@@ -11,6 +11,9 @@ Three changes to stock Crafter 1.8.3, none of which alters its distribution of g
   renders with the noise drawn by the last tick instead of drawing new noise.
 * The semantic map crafter builds in every ``step`` is skipped (we read the maps directly).
 
+And one change of speed only: cows, zombies, skeletons and plants update, and the chunks
+balance, with stock's logic on Python integers (`envs.crafter.creatures`).
+
 The audit of other id- or hash-ordered iteration: ``World.nearby`` returns a set of objects
 but its only caller (``Player._make``) discards it, and its materials are only tested for
 membership; ``World.objects`` is in index order; ``World.chunks`` is in key-creation order,
@@ -33,6 +36,7 @@ from crafter import constants, engine, objects
 from PIL import Image
 
 from envs.crafter.actions import ACHIEVEMENTS
+from envs.crafter.creatures import UPDATES, balance_chunks
 
 # What each kind of Crafter object is called in observations and snapshots.
 OBJECT_NAMES: dict[type, str] = {
@@ -133,21 +137,28 @@ class DeterministicCrafter(SortedBalanceMixin, crafter.Env):
         Stock ``Env.step`` without what we never read (its ``info`` dict of copies), and with
         the player-to-object distance of its update loop in Python integers: numpy's
         ``Object.distance`` on two 2-vectors, once per object of the world, was a third of a
-        step. The same objects update in the same order (``test_dynamics_match_a_rendering_env``).
+        step. The same objects update in the same order, creatures by `creatures.UPDATES`
+        (``test_dynamics_match_a_rendering_env``).
         """
         self._step += 1
         self._update_time()
         player = self._player
         player.action = constants.actions[action]
         reach = 2 * max(self._view)
-        for obj in self._world.objects:
-            px, py = player.pos.tolist()  # the player moves during its own update
+        world = self._world
+        px, py = player.pos.tolist()
+        for obj in world.objects:
             ox, oy = obj.pos.tolist()
             if abs(ox - px) + abs(oy - py) < reach:
-                obj.update()
+                update = UPDATES.get(type(obj))
+                if update is None:
+                    obj.update()
+                    if obj is player:  # the player moves during its own update only
+                        px, py = player.pos.tolist()
+                else:
+                    update(world, obj)
         if self._step % 10 == 0:
-            for chunk, objs in self._world.chunks.items():
-                self._balance_chunk(chunk, objs)
+            balance_chunks(world, player)
         self._obs()
         reward = (player.health - self._last_health) / 10
         self._last_health = player.health
