@@ -91,7 +91,9 @@ _LONG_NUMBER = re.compile(rb"\d{19}")
 _DIGITS = b"0123456789"
 
 
-def _orjson_differs(raw: bytes) -> bool:
+def orjson_reads_differently(raw: bytes) -> bool:
+    """Whether ``orjson.loads(raw)`` could parse to another value than Python's `json` (an integer
+    past 64 bits becomes a float; a lone surrogate escape is refused)."""
     # The regexes only when a body could match them: counting digits costs a fifth of a search.
     if len(raw) - len(raw.translate(None, _DIGITS)) >= 19 and _LONG_NUMBER.search(raw):
         return True
@@ -117,7 +119,7 @@ def strict_json(body: bytes | str) -> Any:
     wording) is the rule."""
     raw = body.encode() if isinstance(body, str) else body
     try:
-        if _orjson_differs(raw):
+        if orjson_reads_differently(raw):
             raise ValueError
         value = orjson.loads(raw)
     except ValueError:  # orjson.JSONDecodeError is one

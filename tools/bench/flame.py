@@ -14,7 +14,7 @@ from typing import Any
 
 # (part, substrings of a frame's "function (file:line)"), in the order they are tried.
 PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("crafter simulation", ("/site-packages/crafter/", "/envs/crafter/sim.py")),
+    ("crafter simulation", ("/site-packages/crafter/", "/envs/crafter/sim.py", "/envs/crafter/creatures.py")),
     ("agent: prompt and reply", ("/envs/agent/", "/envs/crafter/policy.py", "/inference/tool_calls.py")),
     ("env wrapper: text observation", ("/envs/crafter/", "/envs/base.py")),
     ("trace writer (encoding, SQLite)", ("/grpo_service/tracing/", "/site-packages/aiosqlite/")),
