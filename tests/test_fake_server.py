@@ -12,7 +12,7 @@ import pytest
 
 from envs.crafter.actions import ACTIONS, TOOL_NAME, TOOL_SCHEMA
 from inference.toy_tokenizer import encode, encode_chat, render_chat, token_id, tokenize
-from tools.fake_server import FAULT_KINDS, FakeConfig, FakeInferenceServer, _parse_fault_prob
+from tools.fake_server import FAULT_KINDS, FakeConfig, FakeInferenceServer, _json_body, _parse_fault_prob
 
 MESSAGES = [{"role": "system", "content": "You play Crafter."}, {"role": "user", "content": "Tree ahead."}]
 
@@ -28,6 +28,35 @@ def chat_body(**extra: Any) -> dict[str, Any]:
 
 def post(server: FakeInferenceServer, body: dict[str, Any], **kw: Any) -> httpx.Response:
     return httpx.post(f"{server.base_url}/v1/chat/completions", json=body, timeout=kw.pop("timeout", 5), **kw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "m", "messages": [], "temperature": 0.7, "seed": 3}',
+        b'{"seed": 123456789012345678901234567890}',  # past 64 bits: orjson would read a float
+        b'{"seed": -9223372036854775809, "n": 1}',
+        b'{"temperature": NaN, "top_p": Infinity}',  # not JSON, read by Python's json (and vLLM)
+        b'{"content": "\\ud800 lone"}',
+        b'{"a": 1, "a": 2}',
+        '{"content": "caf\u00e9"}'.encode("utf-16"),
+        b"\xef\xbb\xbf{}",
+        b"[1, 2.50, -0.0, 1e400]",
+        b"",
+        b"{",
+        b"\xff\xfe\x00",
+    ],
+)
+def test_body_reads_as_pythons_json(raw: bytes) -> None:
+    """The fake reads a body by orjson where that gives Python's value, else by Python's json."""
+    try:
+        expected: Any = json.loads(raw)
+    except ValueError as exc:
+        with pytest.raises(type(exc)):
+            _json_body(raw)
+        return
+    got = _json_body(raw)
+    assert json.dumps(got) == json.dumps(expected)
 
 
 def test_response_has_vllm_shape(server: FakeInferenceServer) -> None:
