@@ -250,6 +250,22 @@ async def test_close_flushes_everything_queued(tmp_path: Path) -> None:
         assert reader.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+async def test_flush_waits_for_what_was_submitted_and_the_writer_goes_on(tmp_path: Path) -> None:
+    writer = TraceWriter(tmp_path / "t.db", max_batch=4)
+    await writer.flush()  # not started: nothing to wait for
+    await writer.start()
+    for round_ in range(2):
+        for i in range(10):
+            writer.submit(synthetic_trace(f"r{round_}-{i}", turns=2))
+        await writer.flush()
+        with TraceReader(tmp_path / "t.db") as reader:
+            assert reader.count() == 10 * (round_ + 1)  # written, readable, before close
+    await asyncio.gather(writer.flush(), writer.flush())
+    await writer.close()
+    await writer.flush()  # closed: returns at once
+    assert writer.stats()["written"] == 20
+
+
 async def test_closing_a_writer_that_never_started_counts_what_it_held(tmp_path: Path) -> None:
     writer = TraceWriter(tmp_path / "t.db")
     writer.submit(synthetic_trace("a", turns=1))

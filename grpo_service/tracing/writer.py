@@ -148,6 +148,15 @@ class TraceWriter:
             self.path,
         )
 
+    async def flush(self) -> None:
+        """Wait until every rollout submitted so far is written (or dropped, or failed)."""
+        task = self._task
+        if self._closed or task is None or task.done():
+            return
+        written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        await self._queue.put(written)
+        await asyncio.wait({written, task}, return_when=asyncio.FIRST_COMPLETED)
+
     # --------------------------------------------------------------------------------- submit
 
     def submit(self, trace: RolloutTrace | EncodedTrace) -> None:
@@ -167,7 +176,9 @@ class TraceWriter:
                 item = self._queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            if item is not _STOP:
+            if isinstance(item, asyncio.Future):
+                item.cancel()
+            elif item is not _STOP:
                 self._drop(item, reason)
 
     def _drop(self, trace: RolloutTrace | EncodedTrace, reason: str) -> None:
@@ -201,13 +212,16 @@ class TraceWriter:
         stopping = False
         while not stopping:
             batch: list[RolloutTrace | EncodedTrace] = []
+            flushes: list[asyncio.Future[None]] = []
             item = await self._queue.get()
             while True:
                 if item is _STOP:
                     stopping = True
+                elif isinstance(item, asyncio.Future):  # `flush`: answered once the batch is written
+                    flushes.append(item)
                 else:
                     batch.append(item)
-                if stopping or len(batch) >= self.max_batch:
+                if stopping or flushes or len(batch) >= self.max_batch:
                     break
                 try:
                     item = self._queue.get_nowait()
@@ -218,6 +232,9 @@ class TraceWriter:
                     await self._write_batch(batch)
                 except Exception:  # the writer must outlive any one failure
                     log.exception("trace writer: batch of %d rollouts failed", len(batch))
+            for flushed in flushes:
+                if not flushed.done():
+                    flushed.set_result(None)
 
     async def _write_batch(self, batch: list[RolloutTrace | EncodedTrace]) -> None:
         started = time.monotonic()

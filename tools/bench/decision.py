@@ -245,7 +245,11 @@ async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path
     if load.traced:
         from grpo_service.tracing import TraceWriter
 
-        tracer = TraceWriter(workdir / "traces.db")
+        # A fresh database per load: one that grew over earlier loads makes each insert dearer,
+        # so repeats would not measure the same work.
+        workdir.mkdir(parents=True, exist_ok=True)
+        trace_dir = Path(tempfile.mkdtemp(prefix="traces-", dir=workdir))
+        tracer = TraceWriter(trace_dir / "traces.db")
         await tracer.start()
     services = build_services(settings, tracer=tracer)
     coordinator = services.coordinator
@@ -261,19 +265,25 @@ async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path
             requests = [
                 RolloutGroupRequest.model_validate(load.body(i, fake_url)) for i in range(load.groups)
             ]
+            if tracer is not None:
+                await tracer.flush()  # the warm-up's traces, before the window
             before = time.process_time()
             with sampled(os.getpid(), profile):
                 t0 = time.perf_counter()
                 answers = await asyncio.gather(*(coordinator.group(r) for r in requests))
                 wall = time.perf_counter() - t0
-                # The answers as the route sends them, inside the window.
+                # The answers as the route sends them, and the load's traces written, inside the
+                # window (a rollout's trace is written after the rollout has ended).
                 for answer in answers:
                     answer_json(answer)
+                if tracer is not None:
+                    await tracer.flush()
             cpu = time.process_time() - before
     finally:
         await services.client_pool.aclose()
         if tracer is not None:
             await tracer.close()
+            shutil.rmtree(trace_dir, ignore_errors=True)
     decisions, steps = _counts([a.model_dump(mode="json") for a in answers])
     return Measured("embedded", decisions, steps, wall, cpu)
 

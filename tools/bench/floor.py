@@ -216,7 +216,8 @@ def decision_costs(
     """The cost of one decision, service against floor, in µs of CPU (and the ratios' parts).
 
     The service: the coordinator embedded in this process (`tools.bench.decision`), ``rl`` mode
-    with token ids and logprobs recorded, traced and untraced (alternating which goes first),
+    with token ids and logprobs recorded, traced and untraced, twice each (ABBA, alternating
+    which goes first between repeats), each traced load into a fresh trace database,
     pinned to ``service_cpus``. The floor: ``floor`` (a `ChildServer` of this module's app,
     pinned there too) playing the same groups against the same fake. The env's share (its
     in-process CPU per step in the same worlds × the steps per decision) is taken out of both."""
@@ -229,17 +230,24 @@ def decision_costs(
     seeds = [SEEDS[i % len(SEEDS)] for i in range(groups)]  # as `Load.body` seeds its groups
     with pinned(service_cpus):  # CPU time, not wall time: a busy machine does not inflate it
         env_us_per_step = 1e6 / env_steps_per_s(1.0, list(SEEDS), 0, clock=time.process_time)
-    measured: dict[bool, Any] = {}
-    for traced in (True, False) if traced_first else (False, True):
+    # Tracing's share is a difference of two figures that each move by about a tenth between
+    # loads on a shared machine: each is measured twice, in the order ABBA.
+    runs: dict[bool, list[Any]] = {True: [], False: []}
+    first = (True, False) if traced_first else (False, True)
+    for traced in (*first, *reversed(first)):
         load = Load(groups=groups, group_size=group_size, turns=turns, traced=traced, tokens=True)
         with pinned(service_cpus):
-            measured[traced] = measure_embedded(load, fake_url, workdir, cpus=None, profile=None)
+            runs[traced].append(measure_embedded(load, fake_url, workdir, cpus=None, profile=None))
     decisions, steps, floor_cpu = floor_decisions(
         floor.base_url, floor.pid, fake_url, seeds, group_size, turns
     )
-    traced_us = measured[True].cpu_us_per_decision
-    untraced_us = measured[False].cpu_us_per_decision
-    env_us = env_us_per_step * measured[True].steps / max(1, measured[True].decisions)
+
+    def cpu_us_per_decision(measured: list[Any]) -> float:
+        return sum(m.cpu_s for m in measured) / max(1, sum(m.decisions for m in measured)) * 1e6
+
+    traced_us, untraced_us = cpu_us_per_decision(runs[True]), cpu_us_per_decision(runs[False])
+    traced_steps = sum(m.steps for m in runs[True]) / max(1, sum(m.decisions for m in runs[True]))
+    env_us = env_us_per_step * traced_steps
     floor_us = floor_cpu / max(1, decisions) * 1e6
     floor_env_us = env_us_per_step * steps / max(1, decisions)
     trace_us = max(0.0, traced_us - untraced_us)
