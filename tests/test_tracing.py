@@ -140,6 +140,24 @@ async def test_old_schema_is_migrated_and_keeps_its_rows(tmp_path: Path) -> None
     assert versions == list(range(1, SCHEMA_VERSION + 1))
 
 
+async def test_a_new_db_has_large_pages_and_an_old_one_keeps_its_own(tmp_path: Path) -> None:
+    """16 KiB pages for a new DB (a call's token ids spill over 4 KiB pages); a DB made with
+    SQLite's default 4 KiB keeps them, and takes rollouts as before."""
+    await write(tmp_path / "new.db", [synthetic_trace("r", turns=3, with_tokens=True)])
+    old = tmp_path / "old.db"
+    conn = sqlite3.connect(old, isolation_level=None)
+    conn.execute("PRAGMA journal_mode = WAL")
+    migrate_sync(conn, MIGRATIONS[:1])
+    conn.close()
+    await write(old, [synthetic_trace("r", turns=3, with_tokens=True)])
+    for name, page_size in (("new.db", 16384), ("old.db", 4096)):
+        with TraceReader(tmp_path / name) as reader:
+            assert reader.conn.execute("PRAGMA page_size").fetchone()[0] == page_size
+            assert reader.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            (turn,) = reader.turns(session_of(reader, "r"))[-1:]
+            assert turn["llm"]["prompt_token_ids"] == list(range(300 + 40 * 2))
+
+
 async def test_newer_schema_is_refused_for_writing_but_readable(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     await write(path, [synthetic_trace("r", turns=1)])

@@ -41,6 +41,10 @@ CONNECTION_PRAGMAS: tuple[str, ...] = (
     "PRAGMA synchronous = NORMAL",
 )
 WAL_PRAGMA = "PRAGMA journal_mode = WAL"
+# A new DB's page size (before WAL_PRAGMA; an existing DB keeps its own). A turn's LLM call with
+# its token ids is several KiB: at SQLite's default 4 KiB most calls spill into overflow-page
+# chains, and inserting a rollout costs about a quarter more CPU than at 16 KiB.
+PAGE_SIZE_PRAGMA = "PRAGMA page_size = 16384"
 
 
 class SchemaTooNew(RuntimeError):

@@ -37,7 +37,13 @@ from typing import Any
 import aiosqlite
 
 from grpo_service.tracing.rows import TABLE_COLUMNS, TraceRows, insert_sql, trace_rows
-from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SCHEMA_VERSION, WAL_PRAGMA, migrate_async
+from grpo_service.tracing.schema import (
+    CONNECTION_PRAGMAS,
+    PAGE_SIZE_PRAGMA,
+    SCHEMA_VERSION,
+    WAL_PRAGMA,
+    migrate_async,
+)
 from grpo_service.tracing.traces import RolloutTrace
 from grpo_service.version import __version__
 
@@ -100,6 +106,7 @@ class TraceWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         conn = await aiosqlite.connect(self.path, isolation_level=None)
         try:
+            await conn.execute(PAGE_SIZE_PRAGMA)
             await conn.execute(WAL_PRAGMA)
             for pragma in CONNECTION_PRAGMAS:
                 await conn.execute(pragma)
