@@ -16,6 +16,10 @@ the decisions it made: robust to a busy machine where wall-clock rates are not.
   service from another checkout (the harness stays this one): how regressions are bisected.
 - ``embedded``: the coordinator called in this process (``build_services``, no HTTP).
 
+With ``--traced`` the window closes once the load's traces are written (a rollout's trace is
+written after it ends): embedded by `TraceWriter.flush`, over HTTP by polling the service's
+``/health`` tracing counts.
+
 ``--profile PREFIX`` also samples the measured window with py-spy (``pip install -e '.[profile]'``) and
 writes ``PREFIX.txt`` (collapsed stacks), ``PREFIX.png`` and ``PREFIX.svg`` (a flame graph) and
 ``PREFIX.json`` (the CPU budget per part: `tools.bench.flame.PARTS`, in microseconds per
@@ -168,6 +172,24 @@ async def _http_load(base_url: str, load: Load, inference_url: str) -> tuple[lis
     return [json.loads(a) for a in answers], wall
 
 
+async def _traces_written(base_url: str, deadline_s: float = 60.0) -> None:
+    """Wait until the served task app has written (or dropped, or failed) every rollout it was
+    given to trace, as its ``/health`` counts them: a rollout's trace is written after it ends."""
+    from tools.bench.http import RawClient
+
+    port = int(base_url.rsplit(":", 1)[1])
+    async with await RawClient(HOST, port).connect() as client:
+        async with asyncio.timeout(deadline_s):
+            while True:
+                counts = (await client.get_json("/health"))["tracing"]
+                if (
+                    counts is None
+                    or counts["written"] + counts["dropped"] + counts["failed"] >= counts["submitted"]
+                ):
+                    return
+                await asyncio.sleep(0.02)  # each look costs the service a /health request
+
+
 def start_service(
     workdir: Path, fake_url: str, load: Load, server_path: Path | None, cpus: set[int] | None
 ) -> ChildServer:
@@ -214,9 +236,13 @@ def measure_http(
         server.wait_ready()
         asyncio.run(warm_worlds(server.base_url, list(SEEDS)))
         asyncio.run(_http_load(server.base_url, Load(groups=1, group_size=4, turns=5), fake_url))  # warm-up
+        if load.traced:
+            asyncio.run(_traces_written(server.base_url))  # the warm-up's traces, before the window
         before = _cpu_s(server.pid)
         with sampled(server.pid, profile):
             groups, wall = asyncio.run(_http_load(server.base_url, load, fake_url))
+            if load.traced:  # the load's traces written inside the window, as embedded
+                asyncio.run(_traces_written(server.base_url))
         cpu = _cpu_s(server.pid) - before
     finally:
         server.stop()
