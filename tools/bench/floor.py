@@ -219,8 +219,10 @@ def decision_costs(
     with token ids and logprobs recorded, traced and untraced, twice each (ABBA, alternating
     which goes first between repeats), each traced load into a fresh trace database,
     pinned to ``service_cpus``. The floor: ``floor`` (a `ChildServer` of this module's app,
-    pinned there too) playing the same groups against the same fake. The env's share (its
-    in-process CPU per step in the same worlds × the steps per decision) is taken out of both."""
+    pinned there too) playing the same groups against the same fake, twice, each after one
+    pair of the service's loads (the host's speed drifts within a repeat: the ratio compares
+    loads taken together). The env's share (its in-process CPU per step in the same worlds ×
+    the steps per decision) is taken out of both."""
     import time
 
     from tools.bench.decision import SEEDS, Load, measure_embedded
@@ -234,13 +236,15 @@ def decision_costs(
     # loads on a shared machine: each is measured twice, in the order ABBA.
     runs: dict[bool, list[Any]] = {True: [], False: []}
     first = (True, False) if traced_first else (False, True)
-    for traced in (*first, *reversed(first)):
-        load = Load(groups=groups, group_size=group_size, turns=turns, traced=traced, tokens=True)
-        with pinned(service_cpus):
-            runs[traced].append(measure_embedded(load, fake_url, workdir, cpus=None, profile=None))
-    decisions, steps, floor_cpu = floor_decisions(
-        floor.base_url, floor.pid, fake_url, seeds, group_size, turns
-    )
+    decisions = steps = 0
+    floor_cpu = 0.0
+    for pair in (first, tuple(reversed(first))):
+        for traced in pair:
+            load = Load(groups=groups, group_size=group_size, turns=turns, traced=traced, tokens=True)
+            with pinned(service_cpus):
+                runs[traced].append(measure_embedded(load, fake_url, workdir, cpus=None, profile=None))
+        d, s, cpu = floor_decisions(floor.base_url, floor.pid, fake_url, seeds, group_size, turns)
+        decisions, steps, floor_cpu = decisions + d, steps + s, floor_cpu + cpu
 
     def cpu_us_per_decision(measured: list[Any]) -> float:
         return sum(m.cpu_s for m in measured) / max(1, sum(m.decisions for m in measured)) * 1e6

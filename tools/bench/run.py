@@ -593,7 +593,7 @@ class Bench:
                     self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
                     self._fake_alone(fake200)
                     self._latencies(one, fake200)
-                    self._floor(rep, floor_server, fake0)
+                    self._floor(rep, floor_server, one, fake0)
             self.log("live-env memory (fresh server)")
             self._memory(fake0.base_url)
             self.stop_all()
@@ -654,13 +654,15 @@ class Bench:
         suffix: str = "",
         traced: ChildServer | None = None,
     ) -> None:
-        """The HTTP, rollout and LLM-bound loads against ``svc`` (figures named with ``suffix``)."""
+        """The HTTP, rollout and LLM-bound loads against ``svc`` (figures named with ``suffix``;
+        the one-worker server's HTTP steps are measured beside the floor's, in `_floor`)."""
         plan, add = self.plan, self.samples.add
 
         def http() -> float:
             return asyncio.run(served.http_steps_per_s(svc.base_url, plan.http_clients, plan.http_seconds, 7))
 
-        add(f"http_steps_per_s{suffix}", self._timed(f"http_steps_per_s{suffix}", http))
+        if suffix != "_1worker":
+            add(f"http_steps_per_s{suffix}", self._timed(f"http_steps_per_s{suffix}", http))
 
         def rollouts(key: str, server: ChildServer) -> None:
             run = self._timed(key, lambda: self._groups(server.base_url, fake0.base_url, group_seeds))
@@ -694,15 +696,24 @@ class Bench:
             members = plan.llm_rollouts
             add("llm_bound_outside_turns_s", max(0.0, run.wall_s - run.member_wall_s / max(1, members)))
 
-    def _floor(self, rep: int, floor_server: ChildServer, fake0: ChildServer) -> None:
-        """The floor's HTTP step rate, and the cost of one decision: service against floor."""
+    def _floor(self, rep: int, floor_server: ChildServer, one: ChildServer, fake0: ChildServer) -> None:
+        """The one-worker server's HTTP step rate against the floor's, and the cost of one
+        decision: service against floor. The host's speed drifts within a repeat, so the two
+        step rates are taken in turns, half the time each, twice (ABBA, alternating which goes
+        first between repeats)."""
         plan, add = self.plan, self.samples.add
 
-        def http() -> float:
-            url = floor_server.base_url
-            return asyncio.run(served.http_steps_per_s(url, plan.http_clients, plan.http_seconds, 7))
+        def http(url: str) -> float:
+            return asyncio.run(served.http_steps_per_s(url, plan.http_clients, plan.http_seconds / 2, 7))
 
-        add("floor_http_steps_per_s", self._timed("floor_http_steps_per_s", http))
+        order = [("http_steps_per_s_1worker", one), ("floor_http_steps_per_s", floor_server)]
+        if rep % 2:
+            order.reverse()
+        rates: dict[str, list[float]] = {key: [] for key, _ in order}
+        for key, server in (*order, *reversed(order)):
+            rates[key].append(self._timed(key, lambda url=server.base_url: http(url)))
+        for key, values in rates.items():
+            add(key, statistics.fmean(values))
         costs = self._timed(
             "decision costs",
             lambda: floor.decision_costs(
