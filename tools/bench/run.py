@@ -590,7 +590,7 @@ class Bench:
                 self._inproc(rep, group_seeds)
                 with pinned(self.layout.harness):
                     self._served(many, fake0, fake200, group_seeds, traced=traced)
-                    self._served(one, fake0, fake200, group_seeds, suffix="_1worker")
+                    self._served(one, fake0, fake200, group_seeds, suffix="_1worker", http_steps=False)
                     self._fake_alone(fake200)
                     self._latencies(one, fake200)
                     self._floor(rep, floor_server, one, fake0)
@@ -653,15 +653,17 @@ class Bench:
         *,
         suffix: str = "",
         traced: ChildServer | None = None,
+        http_steps: bool = True,
     ) -> None:
-        """The HTTP, rollout and LLM-bound loads against ``svc`` (figures named with ``suffix``;
-        the one-worker server's HTTP steps are measured beside the floor's, in `_floor`)."""
+        """The HTTP (unless ``http_steps`` is off: the one-worker server's are measured in turns
+        with the floor's, in `_floor`), rollout and LLM-bound loads against ``svc`` (figures
+        named with ``suffix``)."""
         plan, add = self.plan, self.samples.add
 
         def http() -> float:
             return asyncio.run(served.http_steps_per_s(svc.base_url, plan.http_clients, plan.http_seconds, 7))
 
-        if suffix != "_1worker":
+        if http_steps:
             add(f"http_steps_per_s{suffix}", self._timed(f"http_steps_per_s{suffix}", http))
 
         def rollouts(key: str, server: ChildServer) -> None:
