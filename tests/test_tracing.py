@@ -158,6 +158,47 @@ async def test_a_new_db_has_large_pages_and_an_old_one_keeps_its_own(tmp_path: P
             assert turn["llm"]["prompt_token_ids"] == list(range(300 + 40 * 2))
 
 
+async def test_prompt_token_ids_are_one_compressed_record_per_rollout(tmp_path: Path) -> None:
+    """Each call's prompt ids come back exactly, from one packed record per rollout rather than a
+    JSON list per `llm_calls` row: a prompt repeats most of the one before it."""
+    trace = synthetic_trace("r", turns=8, with_tokens=True)
+    sent = {d.turn: d.decision.llm_call.prompt_token_ids for d in trace.decisions}
+    await write(tmp_path / "t.db", [trace])
+    with TraceReader(tmp_path / "t.db") as reader:
+        sid = session_of(reader, "r")
+        assert {t["turn"]: t["llm"]["prompt_token_ids"] for t in reader.turns(sid)} == sent
+        assert reader.prompt_token_ids(sid) == sent
+        assert reader.count("prompt_token_ids") == 1
+        stored = reader.conn.execute("SELECT prompt_token_ids FROM llm_calls").fetchall()
+        assert [r[0] for r in stored] == [None] * len(sent)
+        codec, data = reader.conn.execute("SELECT codec, data FROM prompt_token_ids").fetchone()
+    assert codec == "zstd+json"
+    assert len(data) * 10 < len(json.dumps(list(sent.values())))
+
+
+async def test_prompt_token_ids_written_row_by_row_are_still_read(tmp_path: Path) -> None:
+    """A DB written before the packed record (its ids in `llm_calls.prompt_token_ids`) reads as
+    before, migrated or as it is."""
+    path = tmp_path / "old.db"
+    trace = synthetic_trace("r", turns=3, with_tokens=True)
+    await write(path, [trace])
+    conn = sqlite3.connect(path, isolation_level=None)
+    for d in trace.decisions:  # the ids where schema version 5 kept them
+        ids = json.dumps(d.decision.llm_call.prompt_token_ids)
+        conn.execute("UPDATE llm_calls SET prompt_token_ids = ? WHERE turn = ?", (ids, d.turn))
+    conn.execute("DROP TABLE prompt_token_ids")
+    conn.execute("DELETE FROM schema_version WHERE version = 6")
+    conn.execute("PRAGMA journal_mode = DELETE")
+    conn.close()
+    expected = [d.decision.llm_call.prompt_token_ids for d in trace.decisions]
+    with TraceReader(path, migrate=False) as reader:  # as a read-only file is read: as it is
+        assert reader.version() == 5
+        assert [t["llm"]["prompt_token_ids"] for t in reader.turns(session_of(reader, "r"))] == expected
+    with TraceReader(path) as reader:  # writable: migrated, the old rows untouched
+        assert reader.version() == SCHEMA_VERSION
+        assert [t["llm"]["prompt_token_ids"] for t in reader.turns(session_of(reader, "r"))] == expected
+
+
 async def test_newer_schema_is_refused_for_writing_but_readable(tmp_path: Path) -> None:
     path = tmp_path / "new.db"
     await write(path, [synthetic_trace("r", turns=1)])

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Self
 
-from grpo_service.tracing.codec import join_message, loads
+from grpo_service.tracing.codec import join_message, loads, unpack_token_ids
 from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SchemaTooNew, migrate_sync, schema_version
 
 log = logging.getLogger(__name__)
@@ -120,7 +120,16 @@ class TraceReader:
         return schema_version(self.conn)
 
     def count(self, table: str = "sessions") -> int:
-        if table not in {"sessions", "turns", "messages", "llm_calls", "env_steps", "rewards", "streams"}:
+        if table not in {
+            "sessions",
+            "turns",
+            "messages",
+            "llm_calls",
+            "env_steps",
+            "rewards",
+            "streams",
+            "prompt_token_ids",
+        }:
             raise ValueError(f"unknown table {table!r}")
         return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
 
@@ -157,9 +166,21 @@ class TraceReader:
         )
         return {r["idx"]: message_from_row(r) for r in rows}
 
+    def prompt_token_ids(self, session_id: str) -> dict[int, list[int]]:
+        """Each LLM call's prompt token ids by turn, from the session's packed record (empty for a
+        session written before schema version 6, whose `llm_calls` rows hold their own)."""
+        try:
+            row = self.conn.execute(
+                "SELECT codec, data FROM prompt_token_ids WHERE session_id = ?", (session_id,)
+            ).fetchone()
+        except sqlite3.OperationalError:  # an old DB read as it is (read-only): no such table
+            return {}
+        return {} if row is None else unpack_token_ids(row["codec"], row["data"])
+
     def turns(self, session_id: str) -> list[dict[str, Any]]:
         """Every decision of a session with its prompt, reply, LLM call and env step."""
         messages = self.messages(session_id)
+        packed = self.prompt_token_ids(session_id)
         rows = self.conn.execute(
             """SELECT t.turn, t.episode, t.observation, t.tool_calls, t.decision_error,
                       t.decision_error_detail, t.prompt_messages, t.completion_message,
@@ -178,6 +199,27 @@ class TraceReader:
         for r in rows:
             prompt_ids = loads(r["prompt_messages"])
             completion = r["completion_message"]
+            llm = (
+                _columns(
+                    r,
+                    "model",
+                    "finish_reason",
+                    "usage",
+                    "latency_ms",
+                    "attempts",
+                    "prompt_token_ids",
+                    "completion_token_ids",
+                    "completion_logprobs",
+                    "weights_version",
+                    request="llm_request",
+                    response="llm_response",
+                    error="llm_error",
+                )
+                if r["has_llm_call"]
+                else None
+            )
+            if llm is not None and llm["prompt_token_ids"] is None:
+                llm["prompt_token_ids"] = packed.get(r["turn"])
             out.append(
                 {
                     **_columns(
@@ -191,23 +233,7 @@ class TraceReader:
                     ),
                     "prompt": None if prompt_ids is None else [messages[i] for i in prompt_ids],
                     "completion": None if completion is None else messages[completion],
-                    "llm": _columns(
-                        r,
-                        "model",
-                        "finish_reason",
-                        "usage",
-                        "latency_ms",
-                        "attempts",
-                        "prompt_token_ids",
-                        "completion_token_ids",
-                        "completion_logprobs",
-                        "weights_version",
-                        request="llm_request",
-                        response="llm_response",
-                        error="llm_error",
-                    )
-                    if r["has_llm_call"]
-                    else None,
+                    "llm": llm,
                     "env": {
                         **_columns(
                             r,

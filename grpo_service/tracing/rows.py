@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_service.tracing.codec import canonical, dumps, redact, split_message
+from grpo_service.tracing.codec import (
+    TOKEN_IDS_CODEC,
+    canonical,
+    dumps,
+    pack_token_ids,
+    redact,
+    split_message,
+)
 from grpo_service.tracing.traces import IMAGE_KEYS, DecisionTrace, RolloutTrace
 
 SAMPLING_KEYS = (
@@ -51,6 +58,7 @@ ENV_STEP_COLUMNS = _columns(
 )
 REWARD_COLUMNS = _columns("session_id scope turn episode kind value annotation")
 STREAM_COLUMNS = _columns("session_id episode idx start_reason end_reason token_ids sampled logprobs spans")
+PROMPT_IDS_COLUMNS = _columns("session_id codec data")
 
 TABLE_COLUMNS: dict[str, list[str]] = {
     "sessions": SESSION_COLUMNS,
@@ -60,6 +68,7 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "env_steps": ENV_STEP_COLUMNS,
     "rewards": REWARD_COLUMNS,
     "streams": STREAM_COLUMNS,
+    "prompt_token_ids": PROMPT_IDS_COLUMNS,
 }
 
 
@@ -191,6 +200,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
     messages = _Messages(session_id)
     episodes = _episodes(trace.decisions)
     episode_totals: dict[int, dict[str, Any]] = {}
+    prompt_token_ids: dict[int, list[int]] = {}  # the calls' prompt ids: one packed record
 
     for d, episode in zip(trace.decisions, episodes, strict=True):
         call = d.decision.llm_call
@@ -204,6 +214,8 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
             if completion is not None:
                 completion_idx = messages.add(completion, d.turn, "completion")
             usage = call.usage or {}
+            if call.prompt_token_ids is not None:
+                prompt_token_ids[d.turn] = call.prompt_token_ids
             t["llm_calls"].append(
                 (
                     session_id,
@@ -219,7 +231,7 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
                     call.latency_ms,
                     call.attempts,
                     call.error,
-                    dumps(call.prompt_token_ids),
+                    None,  # in the session's `prompt_token_ids` record
                     dumps(call.completion_token_ids),
                     dumps(call.completion_logprobs),
                     call.weights_version,
@@ -301,6 +313,9 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
                     dumps([span.model_dump(mode="json") for span in stream.spans]),
                 )
             )
+
+    if prompt_token_ids:
+        t["prompt_token_ids"].append((session_id, TOKEN_IDS_CODEC, pack_token_ids(prompt_token_ids)))
 
     model, sampling = _model_and_sampling(trace)
     request = trace.request

@@ -17,7 +17,10 @@ Tables (all JSON columns hold JSON text):
 - ``messages``: the distinct chat messages of a session (system/user/assistant/tool, with the
   assistant's tool calls). A message shown again in a later prompt is stored once.
 - ``llm_calls``: per decision: request parameters (without the messages), the raw response,
-  usage, latency, attempts, error, and the server's token ids and logprobs when recorded.
+  usage, latency, attempts, error, and the server's completion token ids and logprobs when
+  recorded (its ``prompt_token_ids`` column only in rows written before schema version 6).
+- ``prompt_token_ids``: per rollout, every call's prompt token ids as one record (a JSON object
+  of turn → ids, zstd-compressed: ``codec`` says so); `TraceReader` puts them back on each call.
 - ``env_steps``: per executed decision: actions, reward, done/truncated, achievements unlocked.
 - ``rewards``: per-step (``scope='step'``), per-episode and per-session outcome rewards.
 - ``trace_writers``: one row per writer lifetime (server run) with its counters, including
@@ -230,12 +233,24 @@ _V5 = (
     )""",
 )
 
+# A rollout's prompt token ids as one compressed record (`codec.pack_token_ids`): row by row, as
+# JSON text in `llm_calls.prompt_token_ids` (still read in older rows), they were about two thirds
+# of a trace's bytes, though each prompt repeats most of the one before it.
+_V6 = (
+    """CREATE TABLE prompt_token_ids (
+        session_id TEXT PRIMARY KEY REFERENCES sessions(session_id) ON DELETE CASCADE,
+        codec TEXT NOT NULL,
+        data BLOB NOT NULL
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, turns, messages, llm_calls, env_steps, rewards, writer bookkeeping", _V1),
     Migration(2, "indexes for export filters and the session_summary view", _V2),
     Migration(3, "llm_calls.weights_version: the weights that sampled each call", _V3),
     Migration(4, "sessions.parent_index and fork_turn: a forking group's tree", _V4),
     Migration(5, "streams: an episode's token streams (token-in/token-out rollouts)", _V5),
+    Migration(6, "prompt_token_ids: a rollout's prompt token ids, one compressed record", _V6),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 
