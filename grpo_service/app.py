@@ -15,6 +15,7 @@ from fastapi_offline import FastAPIOffline
 import envs  # noqa: F401  (registers the built-in environments and policies)
 from envs.base import PolicyContext
 from grpo_service.api.auth import APIKeyGate, document_security, redact_query_secrets
+from grpo_service.api.fast_paths import FastPaths
 from grpo_service.api.limits import BodySizeLimit
 from grpo_service.api.routes import batch, env, group_stream, meta, policy, rollout, training, viewer
 from grpo_service.api.services import Services
@@ -173,8 +174,9 @@ def create_app(
     document_security(app)
     # Outermost last: CORS (preflights answered, every answer labelled), then the key (nothing
     # unauthenticated is read, parsed or forwarded), the body size, the Ray hosts' router, and
-    # innermost AgentGym's steps answered without FastAPI's routing.
-    app.add_middleware(agentgym.StepFastPath, steps=agentgym_steps, settings=settings)
+    # innermost the hottest steps (AgentGym's, `/env/step`) answered without FastAPI's routing.
+    fast_paths = {**agentgym_steps, "/env/step": env.fast_step(services)}
+    app.add_middleware(FastPaths, routes=fast_paths, settings=settings)
     if cluster is not None:
         from grpo_service.cluster.router import ClusterRouter
 

@@ -150,29 +150,53 @@ def _validation_detail(exc: RequestValidationError) -> list[dict[str, Any]]:
         )
 
 
+def _service_error(exc: ServiceError) -> JSONResponse:
+    return JSONResponse(error_body(exc.code, exc.message), exc.status_code, headers=exc.headers)
+
+
+def _http_error(exc: HTTPException) -> JSONResponse:
+    code = getattr(exc, "code", None)
+    if code is None:
+        try:
+            code = HTTPStatus(exc.status_code).name.lower()
+        except ValueError:
+            code = "http_error"
+    return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
+
+
+def _plugin_error(exc: PluginError) -> JSONResponse:
+    for cls, status, code in _PLUGIN_STATUS:
+        if isinstance(exc, cls):
+            headers = {"Retry-After": "1"} if status == 429 else None
+            return JSONResponse(error_body(code, str(exc)), status, headers=headers)
+    return JSONResponse(error_body("bad_request", str(exc)), 400)
+
+
+def error_response(exc: Exception) -> JSONResponse | None:
+    """What the app's error handlers answer to ``exc`` raised by a route; None: not a caller's
+    mistake (the server's 500). For code that answers ahead of the routes (`FastPaths`)."""
+    if isinstance(exc, ServiceError):
+        return _service_error(exc)
+    if isinstance(exc, PluginError):
+        return _plugin_error(exc)
+    if isinstance(exc, HTTPException):
+        return _http_error(exc)
+    return None
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(error_body(exc.code, exc.message), exc.status_code, headers=exc.headers)
+    async def _on_service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        return _service_error(exc)
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _on_invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse({"code": "invalid_request", "detail": _validation_detail(exc)}, 422)
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
-        code = getattr(exc, "code", None)
-        if code is None:
-            try:
-                code = HTTPStatus(exc.status_code).name.lower()
-            except ValueError:
-                code = "http_error"
-        return JSONResponse(error_body(code, str(exc.detail)), exc.status_code, headers=exc.headers)
+    async def _on_http_error(_: Request, exc: HTTPException) -> JSONResponse:
+        return _http_error(exc)
 
     @app.exception_handler(PluginError)
-    async def _plugin_error(_: Request, exc: PluginError) -> JSONResponse:
-        for cls, status, code in _PLUGIN_STATUS:
-            if isinstance(exc, cls):
-                headers = {"Retry-After": "1"} if status == 429 else None
-                return JSONResponse(error_body(code, str(exc)), status, headers=headers)
-        return JSONResponse(error_body("bad_request", str(exc)), 400)
+    async def _on_plugin_error(_: Request, exc: PluginError) -> JSONResponse:
+        return _plugin_error(exc)

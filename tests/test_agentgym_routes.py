@@ -280,7 +280,7 @@ def test_ids_and_task_indices_must_be_integers(base: str, body: dict[str, Any]) 
 
 
 def test_a_step_is_answered_alike_before_and_by_the_route(base: str) -> None:
-    """A well-formed ``/step`` is answered ahead of FastAPI's routing (`StepFastPath`): byte for
+    """A well-formed ``/step`` is answered ahead of FastAPI's routing (`FastPaths`): byte for
     byte as the route answers it (a content type that path leaves to the route), and whatever
     it does not take (a malformed body) gets the route's own 422."""
     url = f"{base}/textcraft"

@@ -31,7 +31,7 @@ ROUTES = [
     ("POST", "/branch", {}),
     ("POST", "/run/abort", {"run_id": "x"}),
     ("GET", "/run/status/x", None),
-    ("POST", "/agentgym/textcraft/step", {"id": 0, "action": "inventory"}),  # `StepFastPath`
+    ("POST", "/agentgym/textcraft/step", {"id": 0, "action": "inventory"}),  # `FastPaths`
     ("POST", "/agentgym/babyai/step", {"id": 0, "action": "turn left"}),
 ]
 

@@ -27,21 +27,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request, Response
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict
-from starlette.datastructures import Headers
-from starlette.requests import HTTPConnection
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from envs.base import StepResult
 from envs.errors import EpisodeOver, InvalidAction, PluginError
-from grpo_service.api.auth import check_key, require_api_key
+from grpo_service.api.auth import require_api_key
+from grpo_service.api.fast_paths import FastRoute
 from grpo_service.api.limits import StrictJSONRoute, strict_json
 from grpo_service.api.services import Services
-from grpo_service.config import Settings
-from grpo_service.errors import ServiceError, Unauthorized, error_body
+from grpo_service.errors import ServiceError, error_body
 
 GAMES = ("textcraft", "babyai", "sciworld")
 RL_RUN_ID = "agentgym"
@@ -247,7 +244,7 @@ def session_router(game: Game, greeting: str, start_reply: Reply) -> APIRouter:
 
 
 def add_step_route(router: APIRouter, game: Game) -> None:
-    """``POST /step``: one action, answered in the game's own shape (`STEPS`). `StepFastPath`
+    """``POST /step``: one action, answered in the game's own shape (`STEPS`). `fast_step`
     answers the well-formed ones; this route documents it and answers the rest (401, 422)."""
 
     @router.post("/step")
@@ -547,91 +544,39 @@ def agentgym_server(name: str, services: Services) -> FastAPI:
     return server
 
 
-def mount(app: FastAPI, services: Services) -> dict[str, Game]:
-    """Mount one AgentGym-compatible server per game at ``/agentgym/<game>``; its games, by
-    mount path of their ``/step`` (for `StepFastPath`)."""
+def mount(app: FastAPI, services: Services) -> dict[str, FastRoute]:
+    """Mount one AgentGym-compatible server per game at ``/agentgym/<game>``; their ``/step``
+    fast paths, by path (for `FastPaths`)."""
     steps = {}
     for name in GAMES:
         server = agentgym_server(name, services)
         app.mount(f"/agentgym/{name}", server)
-        steps[f"/agentgym/{name}/step"] = server.state.game
+        steps[f"/agentgym/{name}/step"] = fast_step(server.state.game)
     return steps
 
 
-class StepFastPath:
-    """ASGI middleware answering a well-formed ``POST /agentgym/<game>/step`` (nearly every call
-    of an evaluation) without FastAPI's per-request machinery: the mounted app's middleware, its
-    routing, dependency solving and response encoding cost several times the game's step.
+def fast_step(game: Game) -> FastRoute:
+    """``POST /step`` answered ahead of FastAPI's routing (`FastPaths`): an evaluation is nearly
+    all steps, and the mounted app's middleware, routing and dependency solving cost several
+    times the game's step. The route's own function and FastAPI's response bytes; a body that is
+    not a `StepBody` goes on to the route (its 422)."""
 
-    The route's rules hold: a request without the service's API key, with a body that is not
-    strict JSON (`strict_json`) or not a `StepBody`, or of another content type, goes on to the
-    route, which answers it (401, 422) as before, from the same bytes. The answer is the route's,
-    byte for byte (`play_step` in AgentGym's error style, encoded as FastAPI's `JSONResponse`).
-    Add it innermost: CORS, the key gate, the body size limit and the Ray hosts' router still
-    see every request."""
-
-    def __init__(self, app: ASGIApp, steps: dict[str, Game], settings: Settings) -> None:
-        self.app = app
-        self.steps = steps
-        self.settings = settings
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        game = self.steps.get(scope["path"]) if scope["type"] == "http" else None
-        if game is None or scope["method"] != "POST" or not self._acceptable(scope):
-            await self.app(scope, receive, send)
-            return
-        chunks = []
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away before sending its body
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
+    async def step(body: bytes) -> Response | None:
         try:
-            step = StepBody.model_validate(strict_json(body))
-        except ValueError:  # the route answers it (FastAPI's 422)
-            await self.app(scope, _replay(body, receive), send)
-            return
-        payload = await answer(play_step(game, step))
+            parsed = StepBody.model_validate(strict_json(body))
+        except ValueError:
+            return None
+        payload = await answer(play_step(game, parsed))
         try:
             content = _dumps(payload)
         except TypeError:
             content = _dumps(jsonable_encoder(payload))
-        headers = [(b"content-length", str(len(content)).encode()), (b"content-type", b"application/json")]
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": content})
+        return Response(content, media_type="application/json")
 
-    def _acceptable(self, scope: Scope) -> bool:
-        """A JSON body (or none declared, which FastAPI reads as JSON) and the key, if one is set."""
-        headers = Headers(scope=scope)
-        if headers.get("content-type", "application/json") != "application/json":
-            return False
-        expected = self.settings.environment_api_key
-        if expected is not None:
-            try:
-                check_key(HTTPConnection(scope), expected)
-            except Unauthorized:
-                return False
-        return True
+    return step
 
 
 def _dumps(content: Any) -> bytes:
     """As Starlette's `JSONResponse` renders."""
     text = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":"))
     return text.encode()
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    """``receive`` with ``body`` (already read) given again first."""
-    pending = True
-
-    async def replayed() -> Message:
-        nonlocal pending
-        if pending:
-            pending = False
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
