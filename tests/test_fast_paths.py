@@ -29,9 +29,16 @@ def replays(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
     return seen
 
 
-def _same(fast: httpx.Response, routed: httpx.Response, fast_id: str, routed_id: str) -> None:
+def _same(fast: httpx.Response, routed: httpx.Response, fast_id: str = "", routed_id: str = "") -> None:
+    """The same answer, each env's id (when the two stepped different envs) read as one."""
     assert fast.status_code == routed.status_code, (fast.text, routed.text)
-    assert fast.content.replace(fast_id.encode(), b"ID") == routed.content.replace(routed_id.encode(), b"ID")
+    fast_body, routed_body = fast.content, routed.content
+    if fast_id:
+        fast_body, routed_body = (
+            fast_body.replace(fast_id.encode(), b"ID"),
+            routed_body.replace(routed_id.encode(), b"ID"),
+        )
+    assert fast_body == routed_body
     drop = {"date", "content-length"}  # the ids may differ in length; the bodies were compared
     assert {k: v for k, v in fast.headers.items() if k not in drop} == {
         k: v for k, v in routed.headers.items() if k not in drop
@@ -61,7 +68,7 @@ def test_env_step_is_answered_alike_before_and_by_the_route(
     fast = client.post("/env/step", json=unknown)
     routed = client.post("/env/step", content=json.dumps(unknown), headers=ROUTED)
     assert fast.status_code == 404 and fast.json()["code"] == "env_not_found"
-    _same(fast, routed, "", "")
+    _same(fast, routed)
 
 
 @pytest.mark.parametrize(
