@@ -78,6 +78,10 @@ class Load:
     def count(self, kind: str) -> int:
         return sum(run_id.startswith(kind) for run_id, _ in self.finished)
 
+    def settled(self, before: float) -> set[str]:
+        """The run ids of rollouts answered before ``before`` (monotonic time)."""
+        return {run_id for run_id, at in list(self.finished) if at < before}
+
     def _loop(self, fn: Callable[[httpx.Client, str], None], worker: int) -> None:
         with httpx.Client(base_url=self.base_url, timeout=60) as client:
             for i in range(100_000):
@@ -142,7 +146,14 @@ def test_kill_9_loses_no_finished_rollout_and_no_snapshot(
     for thread in load.threads:
         thread.start()
     started, deadline = time.monotonic(), time.monotonic() + 60
-    while time.monotonic() - started < 1.5 or load.count("rollout") < 6 or len(load.snapshots) < 5:
+    # Enough finished work before the kill, whatever the host's speed: 20 rollouts settled (past
+    # the durability window), single rollouts among them, and snapshots.
+    while (
+        time.monotonic() - started < 1.5
+        or load.count("rollout") < 6
+        or len(load.snapshots) < 5
+        or len(load.settled(time.monotonic() - DURABILITY_WINDOW_S)) < 20
+    ):
         assert time.monotonic() < deadline, (len(load.finished), len(load.snapshots))
         time.sleep(0.02)
     first.kill9()
@@ -157,7 +168,7 @@ def test_kill_9_loses_no_finished_rollout_and_no_snapshot(
     conn.close()
     with TraceReader(db) as reader:
         present = {s["run_id"]: s for s in reader.sessions()}
-        settled = {run_id for run_id, at in load.finished if at < killed_at - DURABILITY_WINDOW_S}
+        settled = load.settled(killed_at - DURABILITY_WINDOW_S)
         assert len(settled) >= 20 and settled <= set(present), sorted(settled - set(present))[:10]
         for session in present.values():  # all of a rollout or none of it
             assert len(reader.turns(session["session_id"])) == session["num_turns"]
