@@ -58,7 +58,13 @@ def test_bench_smoke_writes_valid_json(tmp_path: Path) -> None:
     assert set(report["figures"]) >= ISSUE_FIGURES | DECISION_FIGURES
     assert set(report["figures"]) == set(FIGURE_KEYS)
     assert set(report["ratios"]) == set(RATIO_KEYS) == ISSUE_RATIOS
-    assert {"http_vs_inproc", "rollout_vs_inproc", "trace_on_vs_off"} <= set(report["info_ratios"])
+    assert {
+        "http_vs_inproc",
+        "rollout_vs_inproc",
+        "trace_on_vs_off",
+        "llm_bound_floor_efficiency",
+        "llm_bound_1worker_vs_floor",
+    } <= set(report["info_ratios"])
     for key, fig in report["figures"].items():
         if fig["median"] is None:  # skipped figures say why
             assert fig["skipped"], key
@@ -93,6 +99,32 @@ async def test_child_server_listens_on_loopback_and_stops(tmp_path: Path) -> Non
         proc = server.proc
         server.stop()
     assert proc is not None and proc.poll() is not None
+
+
+def test_floor_plays_the_llm_bound_load(tmp_path: Path) -> None:
+    """The floor's groups: every member plays every turn, token ids kept; the LLM-bound rate is a
+    rate (the load itself is the bench's)."""
+    import asyncio
+
+    import orjson
+
+    from tools.bench import floor
+
+    fake = ChildServer("fake", {"model": "m"}, cpus=None, log=tmp_path / "fake.log").start()
+    bare = ChildServer("floor", {"model": "m"}, cpus=None, log=tmp_path / "floor.log").start()
+    try:
+        fake.wait_ready()
+        bare.wait_ready()
+        answers, wall_s = asyncio.run(floor._groups(bare.base_url, fake.base_url, [101, 102], 2, 3, "reset"))
+        members = [member for answer in answers for member in orjson.loads(answer)["members"]]
+        assert wall_s > 0 and len(members) == 4
+        for member in members:
+            assert member["decisions"] == 3 and member["steps"] >= 3
+            assert all(turn["prompt_token_ids"] and turn["token_ids"] for turn in member["turns"])
+        assert floor.llm_bound_decisions_per_s(bare.base_url, fake.base_url, [101], 2, 2) > 0
+    finally:
+        fake.stop()
+        bare.stop()
 
 
 def test_serving_gc_raises_thresholds_and_restores_them() -> None:

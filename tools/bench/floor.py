@@ -12,7 +12,8 @@ ours but the env, measured in the same run as the service (`http_vs_floor`,
   and logprobs asked) to the same fake LLM, the reply parsed by orjson, its tool call's actions
   stepped, and the turn (observation text, actions, reward, token ids, logprobs) kept; the
   answer is every member's turns, orjson-encoded. No history window, no validation of the reply
-  beyond what indexing needs, no records, no tracing.
+  beyond what indexing needs, no records, no tracing. An episode that ends stops its member, or
+  with ``"on_done": "reset"`` starts the next one (the LLM-bound load's rule).
 
 What the service does beyond this is what it costs over the floor.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -112,7 +114,7 @@ def create_floor_app(model: str = "fake-model") -> FastAPI:
         envs.pop(body["env_id"], None)
         return _answer({"env_id": body["env_id"], "terminated": True})
 
-    async def episode(url: str, seed: int, member: int, turns: int) -> dict[str, Any]:
+    async def episode(url: str, seed: int, member: int, turns: int, reset: bool) -> dict[str, Any]:
         assert session is not None
         env = CrafterEnv(CrafterConfig(), seed)
         observation = env.reset().observation
@@ -138,15 +140,18 @@ def create_floor_app(model: str = "fake-model") -> FastAPI:
             steps += result.info.get("actions_executed", len(arguments["actions"]))
             observation = result.observation
             if result.done:
-                break
+                if not reset:
+                    break
+                observation = env.reset().observation
         return {"member": member, "decisions": len(kept), "steps": steps, "turns": kept}
 
     @app.post("/floor/group")
     async def group(request: Request) -> Response:
         body = orjson.loads(await request.body())
         url = body["inference_url"].rstrip("/") + "/v1/chat/completions"
+        reset = body.get("on_done") == "reset"
         members = await asyncio.gather(
-            *(episode(url, body["seed"], i, body["turns"]) for i in range(body["group_size"]))
+            *(episode(url, body["seed"], i, body["turns"], reset) for i in range(body["group_size"]))
         )
         return _answer({"members": members})
 
@@ -157,8 +162,15 @@ def create_floor_app(model: str = "fake-model") -> FastAPI:
 
 
 async def _groups(
-    base_url: str, inference_url: str, seeds: list[int], group_size: int, turns: int
-) -> list[bytes]:
+    base_url: str,
+    inference_url: str,
+    seeds: list[int],
+    group_size: int,
+    turns: int,
+    on_done: str = "terminate",
+) -> tuple[list[bytes], float]:
+    """One ``/floor/group`` per seed, all at once: the answers and the wall time from the first
+    request to the last answer (parsing them is the caller's, after the clock)."""
     from tools.bench.http import HTTPError, RawClient
     from tools.bench.procs import HOST
 
@@ -166,14 +178,22 @@ async def _groups(
     conns = [await RawClient(HOST, port).connect() for _ in seeds]
 
     async def one(conn: RawClient, seed: int) -> bytes:
-        body = {"inference_url": inference_url, "seed": seed, "group_size": group_size, "turns": turns}
+        body = {
+            "inference_url": inference_url,
+            "seed": seed,
+            "group_size": group_size,
+            "turns": turns,
+            "on_done": on_done,
+        }
         status, data = await conn.request("POST", "/floor/group", orjson.dumps(body))
         if status != 200:
             raise HTTPError(status, data)
         return data
 
     try:
-        return await asyncio.gather(*(one(c, s) for c, s in zip(conns, seeds, strict=True)))
+        started = time.perf_counter()
+        answers = await asyncio.gather(*(one(c, s) for c, s in zip(conns, seeds, strict=True)))
+        return answers, time.perf_counter() - started
     finally:
         for conn in conns:
             await conn.close()
@@ -192,7 +212,7 @@ def floor_decisions(
 
     asyncio.run(_groups(base_url, inference_url, seeds, 2, 2))
     before = cpu()
-    answers = asyncio.run(_groups(base_url, inference_url, seeds, group_size, turns))
+    answers, _ = asyncio.run(_groups(base_url, inference_url, seeds, group_size, turns))
     used = cpu() - before
     decisions = steps = 0
     for answer in answers:
@@ -200,6 +220,19 @@ def floor_decisions(
             decisions += member["decisions"]
             steps += member["steps"]
     return decisions, steps, used
+
+
+def llm_bound_decisions_per_s(
+    base_url: str, inference_url: str, seeds: list[int], group_size: int, turns: int
+) -> float:
+    """The LLM-bound load played by the floor at ``base_url``: one group per seed of
+    ``group_size`` members × ``turns`` decisions (an ended episode starts the next, as the
+    service's load does), against ``inference_url`` (the 200 ms fake); decisions/s from the
+    first request to the last answer, after an untimed warm-up that caches the worlds."""
+    asyncio.run(_groups(base_url, inference_url, seeds, group_size, 2, "reset"))
+    answers, wall_s = asyncio.run(_groups(base_url, inference_url, seeds, group_size, turns, "reset"))
+    decisions = sum(member["decisions"] for answer in answers for member in orjson.loads(answer)["members"])
+    return decisions / wall_s
 
 
 def decision_costs(
@@ -223,8 +256,6 @@ def decision_costs(
     pair of the service's loads (the host's speed drifts within a repeat: the ratio compares
     loads taken together). The env's share (its in-process CPU per step in the same worlds ×
     the steps per decision) is taken out of both."""
-    import time
-
     from tools.bench.decision import SEEDS, Load, measure_embedded
     from tools.bench.inproc import env_steps_per_s
     from tools.bench.procs import pinned

@@ -165,6 +165,12 @@ FIGURES: tuple[Figure, ...] = (
     Figure("http_steps_per_s_1worker", "steps/s", f"as http_steps_per_s; {ONE_WORKER_NOTE}"),
     Figure("rollout_steps_per_s_1worker", "steps/s", f"as rollout_steps_per_s; {ONE_WORKER_NOTE}"),
     Figure("llm_bound_1worker", "decisions/s", f"as llm_bound; {ONE_WORKER_NOTE}"),
+    Figure(
+        "llm_bound_floor",
+        "decisions/s",
+        "the floor (tools/bench/floor.py, nothing of ours but the env) playing the same LLM-bound load, "
+        "pinned like the one-process server, after it: what these cores allow that load",
+    ),
     Figure("snapshot_p50_ms", "ms", "POST /env/snapshot (state encoded, signed, stored), median", False),
     Figure("snapshot_p99_ms", "ms", "POST /env/snapshot, 99th percentile", False),
     Figure("restore_p50_ms", "ms", "POST /env/restore (load, verify, decode, new live env), median", False),
@@ -400,6 +406,20 @@ INFO_RATIOS: tuple[Ratio, ...] = (
         "service decisions/s / what the fake sustains alone",
     ),
     Ratio("fake_alone_efficiency", "llm_bound_fake_alone", "llm_bound_ideal", 0.0, "fake alone / ideal"),
+    Ratio(
+        "llm_bound_floor_efficiency",
+        "llm_bound_floor",
+        "llm_bound_ideal",
+        0.0,
+        "the floor's achieved / ideal decisions/s, pinned like the one-process server",
+    ),
+    Ratio(
+        "llm_bound_1worker_vs_floor",
+        "llm_bound_1worker",
+        "llm_bound_floor",
+        0.0,
+        "one-process LLM-bound decisions/s / the floor's, same CPU",
+    ),
 )
 
 
@@ -591,6 +611,7 @@ class Bench:
                 with pinned(self.layout.harness):
                     self._served(many, fake0, fake200, group_seeds, traced=traced)
                     self._served(one, fake0, fake200, group_seeds, suffix="_1worker", http_steps=False)
+                    self._llm_bound_floor(floor_server, fake200, group_seeds)
                     self._fake_alone(fake200)
                     self._latencies(one, fake200)
                     self._floor(rep, floor_server, one, fake0)
@@ -731,6 +752,18 @@ class Bench:
         )
         for key, value in costs.items():
             add(key, value)
+
+    def _llm_bound_floor(self, floor_server: ChildServer, fake200: ChildServer, seeds: list[int]) -> None:
+        """The LLM-bound load played by the floor, on the one-process server's CPU, right after
+        that server played it: the same work with nothing of ours, on the same cores."""
+        plan = self.plan
+        rate = self._timed(
+            "llm_bound_floor",
+            lambda: floor.llm_bound_decisions_per_s(
+                floor_server.base_url, fake200.base_url, seeds, plan.group_size, plan.llm_turns
+            ),
+        )
+        self.samples.add("llm_bound_floor", rate)
 
     def _fake_alone(self, fake200: ChildServer) -> None:
         plan = self.plan
