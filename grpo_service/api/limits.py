@@ -86,16 +86,17 @@ def _nested_too_deep() -> json.JSONDecodeError:
 
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 # Where orjson would answer otherwise than `json`: an integer of 19 digits or more (orjson reads
-# one past 64 bits as a float) and surrogate escapes (`json`'s rules above decide those).
-_LONG_NUMBER = re.compile(rb"\d{19}")
-_DIGITS = b"0123456789"
+# one past 64 bits as a float) and surrogate escapes (`json`'s rules above decide those). A run of
+# 19 digits is found by mapping every digit to "0" and everything else to " ", then a substring
+# search: a tenth of what the regex \d{19} costs on a body full of short numbers (a chat request).
+_DIGITS_ONLY = bytes(0x30 if 0x30 <= b <= 0x39 else 0x20 for b in range(256))
+_LONG_NUMBER = b"0" * 19
 
 
 def orjson_reads_differently(raw: bytes) -> bool:
     """Whether ``orjson.loads(raw)`` could parse to another value than Python's `json` (an integer
     past 64 bits becomes a float; a lone surrogate escape is refused)."""
-    # The regexes only when a body could match them: counting digits costs a fifth of a search.
-    if len(raw) - len(raw.translate(None, _DIGITS)) >= 19 and _LONG_NUMBER.search(raw):
+    if len(raw) >= 19 and _LONG_NUMBER in raw.translate(_DIGITS_ONLY):
         return True
     return b"\\u" in raw and _SURROGATE_ESCAPE.search(raw) is not None
 
