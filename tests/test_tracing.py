@@ -182,12 +182,14 @@ async def test_prompt_token_ids_written_row_by_row_are_still_read(tmp_path: Path
     path = tmp_path / "old.db"
     trace = synthetic_trace("r", turns=3, with_tokens=True)
     await write(path, [trace])
+    TraceReader(path).close()  # its detail derived into the tables, as version 5 wrote them
     conn = sqlite3.connect(path, isolation_level=None)
     for d in trace.decisions:  # the ids where schema version 5 kept them
         ids = json.dumps(d.decision.llm_call.prompt_token_ids)
         conn.execute("UPDATE llm_calls SET prompt_token_ids = ? WHERE turn = ?", (ids, d.turn))
     conn.execute("DROP TABLE prompt_token_ids")
-    conn.execute("DELETE FROM schema_version WHERE version = 6")
+    conn.execute("DROP TABLE rollout_records")
+    conn.execute("DELETE FROM schema_version WHERE version >= 6")
     conn.execute("PRAGMA journal_mode = DELETE")
     conn.close()
     expected = [d.decision.llm_call.prompt_token_ids for d in trace.decisions]
@@ -237,7 +239,7 @@ async def test_full_queue_drops_counts_and_names_the_rollouts(tmp_path: Path) ->
 
 
 async def test_a_bad_rollout_does_not_sink_its_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = rows_module.trace_rows
+    real = rows_module.written_rows
 
     def sabotaged(trace, session_id, writer_id, recorded_at):  # type: ignore[no-untyped-def]
         out = real(trace, session_id, writer_id, recorded_at)
@@ -249,7 +251,7 @@ async def test_a_bad_rollout_does_not_sink_its_batch(tmp_path: Path, monkeypatch
             raise ValueError("cannot encode")
         return out
 
-    monkeypatch.setattr("grpo_service.tracing.writer.trace_rows", sabotaged)
+    monkeypatch.setattr("grpo_service.tracing.writer.written_rows", sabotaged)
     names = ["a", "bad-sql", "b", "bad-encode", "c"]
     writer = TraceWriter(tmp_path / "t.db")
     for name in names:  # queued before start: they form one batch

@@ -11,6 +11,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+from grpo_service.tracing.derive import derive_file
 from tools.fake_server import FakeConfig, FakeInferenceServer
 from tools.synthetic_traces import write_synthetic_db
 from tools.task_app import recording_task_app
@@ -61,6 +62,7 @@ def record_real_db(
         env = {"env_name": "crafter", "seed": 4}
         ending = {**react, "config": {**react["config"], "on_invalid_reply": "end"}}
         app.rollout(run_id="viewer-policy-error", env=env, policy=ending, max_turns=llm_turns)
+    derive_file(path)  # the detail tables filled, as the first reader would find them
     return {
         "group_id": "viewer-group",
         "llm_runs": ["viewer-llm-1", "viewer-llm-2"],

@@ -16,6 +16,7 @@ from typing import Any
 
 from envs.base import PolicyDecision, StepResult
 from grpo_service.models import RolloutMetrics, RolloutRequest, RolloutResponse
+from grpo_service.tracing.derive import derive_file
 from grpo_service.tracing.traces import DecisionTrace, RolloutTrace
 from grpo_service.tracing.writer import TraceWriter
 from inference import LLMCall
@@ -226,3 +227,4 @@ async def write_synthetic_db(path: Path, rollouts: int, *, turns: int = 16, seed
             )
         )
     await writer.close()
+    derive_file(path)  # the detail tables filled, as a reader would find them

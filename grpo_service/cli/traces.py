@@ -54,7 +54,8 @@ def traces_command(
     console = Console()
     with _open(in_db, console) as reader:
         counts = Table(title=f"{reader.path} (schema v{reader.version()})", show_header=False)
-        for table in ("sessions", "turns", "messages", "llm_calls", "env_steps", "rewards"):
+        tables = ("sessions", "turns", "messages", "llm_calls", "env_steps", "rewards", "rollout_records")
+        for table in tables:  # rollout_records: any left could not be derived (opening derived the rest)
             counts.add_row(table, str(reader.count(table)))
         console.print(counts)
         writers = Table(title="server runs (trace writers)")

@@ -2,8 +2,10 @@
 
 - `schema`: the versioned DDL and its migrations.
 - `traces`: `RolloutTrace` (what a finished rollout hands over) and the `TraceSink` protocol.
-- `rows`: one `RolloutTrace` → rows of every table.
+- `record`: a rollout's detail as one compressed record (what the writer stores of it).
+- `rows`: the rows of every table: what is written of a `RolloutTrace`, what its record derives.
 - `writer`: `TraceWriter`, the task app's `TraceSink` (one writer task, bounded queue).
+- `derive`: the detail tables filled from the records, when a DB is read.
 - `reader`: `TraceReader`, for the exporter, the CLI and tests.
 - `export`: OpenAI chat fine-tuning JSONL from a trace DB.
 

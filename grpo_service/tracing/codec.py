@@ -19,7 +19,9 @@ MESSAGE_COLUMNS = ("content", "tool_calls", "tool_call_id", "name")
 
 # Non-string keys become strings and numpy values lists or numbers, as `json.dumps` had them;
 # orjson writes strict JSON (a NaN becomes null) several times faster: every turn of every
-# rollout is encoded here.
+# rollout is encoded here. With non-string keys allowed orjson takes a slower path for every
+# dict, so it is asked for only when a value has such keys.
+_STR_KEYS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 _OPTIONS = orjson.OPT_NON_STR_KEYS | orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -37,9 +39,15 @@ def _default(value: Any) -> Any:
 
 
 def dumps(value: Any) -> str | None:
-    if value is None:
-        return None
-    return orjson.dumps(value, default=_default, option=_OPTIONS).decode()
+    return None if value is None else dumps_bytes(value).decode()
+
+
+def dumps_bytes(value: Any) -> bytes:
+    """`dumps` as UTF-8 bytes (``null`` for None)."""
+    try:
+        return orjson.dumps(value, default=_default, option=_STR_KEYS_OPTIONS)
+    except orjson.JSONEncodeError:  # a dict with keys that are not strings
+        return orjson.dumps(value, default=_default, option=_OPTIONS)
 
 
 def loads(text: str | None) -> Any:
@@ -132,24 +140,35 @@ def join_message(role: str, columns: dict[str, Any], extra: dict[str, Any] | Non
     return message
 
 
-# A rollout's prompt token ids, one record per rollout (`prompt_token_ids` table): a JSON object
-# mapping each call's turn to its ids, compressed by zstd. Each prompt repeats most of the one
-# before it (the system prompt, the history window), so across a rollout the ids compress tens
-# of times over; row by row, as JSON text, they were most of a trace's bytes and of SQLite's CPU.
-TOKEN_IDS_CODEC = "zstd+json"
+# A rollout's records (`prompt_token_ids`, `rollout_records`): one JSON document each,
+# compressed by zstd. Each prompt repeats most of the one before it (the system prompt, the
+# history window), so across a rollout they compress tens of times over.
+RECORD_CODEC = "zstd+json"
 _ZSTD_LEVEL = 1  # level 3 saves ~1 % more for a third more CPU
-MAX_TOKEN_IDS_BYTES = 1 << 30  # what a record may unpack to (a corrupt header cannot ask more)
+MAX_RECORD_BYTES = 1 << 30  # what a record may unpack to (a corrupt header cannot ask more)
+
+
+def pack(value: Any) -> bytes:
+    """``value`` as one compressed record (`unpack` inverts it)."""
+    # A compressor per call: a rollout is encoded on whichever thread writes it (cheap to make).
+    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(dumps_bytes(value))
+
+
+def unpack(codec: str, data: bytes) -> Any:
+    if codec != RECORD_CODEC:
+        raise ValueError(f"unknown record codec {codec!r}; this version reads {RECORD_CODEC!r}")
+    try:
+        text = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_RECORD_BYTES)
+    except zstandard.ZstdError as exc:
+        raise ValueError(f"a corrupt record: {exc}") from None
+    return orjson.loads(text)
 
 
 def pack_token_ids(by_turn: dict[int, list[int]]) -> bytes:
-    """``by_turn`` as one compressed record (`unpack_token_ids` inverts it)."""
-    # A compressor per call: a rollout is encoded on whichever thread writes it (cheap to make).
-    text = orjson.dumps(by_turn, option=orjson.OPT_NON_STR_KEYS)
-    return zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(text)
+    """A rollout's prompt token ids, turn → ids, as one record (`unpack_token_ids` inverts it).
+    Row by row, as JSON text, they were most of a trace's bytes and of SQLite's CPU."""
+    return pack(by_turn)
 
 
 def unpack_token_ids(codec: str, data: bytes) -> dict[int, list[int]]:
-    if codec != TOKEN_IDS_CODEC:
-        raise ValueError(f"unknown token ids codec {codec!r}; this version reads {TOKEN_IDS_CODEC!r}")
-    text = zstandard.ZstdDecompressor().decompress(data, max_output_size=MAX_TOKEN_IDS_BYTES)
-    return {int(turn): ids for turn, ids in orjson.loads(text).items()}
+    return {int(turn): ids for turn, ids in unpack(codec, data).items()}

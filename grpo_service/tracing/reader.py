@@ -1,8 +1,9 @@
 """`TraceReader`: reads a trace DB on its own (synchronous) connection.
 
 Used by the exporter, the CLI and tests. Opening a DB brings an old schema up to date (the
-migrations only add), so files from earlier versions keep working; a read-only file, or one
-from a newer version, is read as it is.
+migrations only add), so files from earlier versions keep working, and derives the detail tables
+of the rollouts written since it was last read (`tracing.derive`); a read-only file, or one from
+a newer version, is read as it is.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from grpo_service.tracing.codec import join_message, loads, unpack_token_ids
+from grpo_service.tracing.derive import derive_pending
 from grpo_service.tracing.schema import CONNECTION_PRAGMAS, SchemaTooNew, migrate_sync, schema_version
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,13 @@ def connect(path: str | Path, *, migrate: bool = True) -> sqlite3.Connection:
                 log.warning("cannot migrate %s (%s); reading it as it is", path, exc)
         if schema_version(conn) < 1:
             raise TraceDBError(f"{path} is not a grpo-service trace DB (no schema_version table)")
+        if migrate:
+            try:
+                derive_pending(conn)
+            except sqlite3.OperationalError as exc:  # read-only, or locked past the busy timeout
+                log.warning(
+                    "cannot derive the rollout records of %s now (%s); reading it as it is", path, exc
+                )
     except sqlite3.DatabaseError as exc:
         conn.close()
         raise TraceDBError(f"{path} is not a readable SQLite DB: {exc}") from exc
@@ -129,6 +138,7 @@ class TraceReader:
             "rewards",
             "streams",
             "prompt_token_ids",
+            "rollout_records",
         }:
             raise ValueError(f"unknown table {table!r}")
         return int(self.conn.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])

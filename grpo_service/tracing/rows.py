@@ -1,19 +1,14 @@
-"""Turning one finished `RolloutTrace` into the rows of every trace table."""
+"""The rows of the trace tables: what the writer stores of a finished `RolloutTrace`
+(`written_rows`), and the detail tables derived from its record (`detail_rows`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_service.tracing.codec import (
-    TOKEN_IDS_CODEC,
-    canonical,
-    dumps,
-    pack_token_ids,
-    redact,
-    split_message,
-)
-from grpo_service.tracing.traces import IMAGE_KEYS, DecisionTrace, RolloutTrace
+from grpo_service.tracing.codec import RECORD_CODEC, canonical, dumps, pack_token_ids, redact, split_message
+from grpo_service.tracing.record import pack_record, record_of
+from grpo_service.tracing.traces import RolloutTrace
 
 SAMPLING_KEYS = (
     "temperature",
@@ -59,6 +54,7 @@ ENV_STEP_COLUMNS = _columns(
 REWARD_COLUMNS = _columns("session_id scope turn episode kind value annotation")
 STREAM_COLUMNS = _columns("session_id episode idx start_reason end_reason token_ids sampled logprobs spans")
 PROMPT_IDS_COLUMNS = _columns("session_id codec data")
+RECORD_COLUMNS = _columns("session_id codec data error")
 
 TABLE_COLUMNS: dict[str, list[str]] = {
     "sessions": SESSION_COLUMNS,
@@ -69,7 +65,10 @@ TABLE_COLUMNS: dict[str, list[str]] = {
     "rewards": REWARD_COLUMNS,
     "streams": STREAM_COLUMNS,
     "prompt_token_ids": PROMPT_IDS_COLUMNS,
+    "rollout_records": RECORD_COLUMNS,
 }
+# What a record becomes when derived (`tracing.derive`).
+DERIVED_TABLES = ("turns", "messages", "llm_calls", "env_steps", "rewards", "streams")
 
 
 def insert_sql(table: str) -> str:
@@ -146,15 +145,6 @@ class _Messages:
         return idx
 
 
-def _request_without_messages(request: dict[str, Any]) -> dict[str, Any]:
-    """The request's parameters, secrets redacted. The tool schemas (the environment's own, the
-    same every turn) are kept as they are rather than walked again for secrets each turn."""
-    params = redact({k: v for k, v in request.items() if k not in ("messages", "tools")})
-    if "tools" in request:
-        params["tools"] = request["tools"]
-    return params
-
-
 def _completion_message(response: dict[str, Any] | None) -> dict[str, Any] | None:
     """The assistant message of the first choice, without the null fields SDKs add."""
     if not isinstance(response, dict):
@@ -168,16 +158,12 @@ def _completion_message(response: dict[str, Any] | None) -> dict[str, Any] | Non
     return {k: v for k, v in message.items() if v is not None or k == "content"}
 
 
-def _strip_images(observation: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
-
-
-def _episodes(decisions: list[DecisionTrace]) -> list[int]:
+def _episodes(decisions: list[dict[str, Any]]) -> list[int]:
     """The episode of each decision: a new one starts after a step that ended an episode."""
     episode, out = 0, []
     for d in decisions:
         out.append(episode)
-        if d.result is not None and d.result.done:
+        if d["result"] is not None and d["result"]["done"]:
             episode += 1
     return out
 
@@ -193,97 +179,161 @@ def _model_and_sampling(trace: RolloutTrace) -> tuple[str | None, dict[str, Any]
     return config.get("model"), {k: config[k] for k in SAMPLING_KEYS if k in config}
 
 
-def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, recorded_at: float) -> TraceRows:
+def written_rows(
+    trace: RolloutTrace, session_id: str, writer_id: int | None, recorded_at: float
+) -> TraceRows:
+    """What the writer stores for ``trace``: its `sessions` row, its prompt token ids and its
+    detail as one record (`record.record_of`), from which `detail_rows` derives the rest."""
     out = TraceRows()
     t = out.tables
-    response, metrics = trace.response, trace.response.metrics
-    messages = _Messages(session_id)
-    episodes = _episodes(trace.decisions)
-    episode_totals: dict[int, dict[str, Any]] = {}
-    prompt_token_ids: dict[int, list[int]] = {}  # the calls' prompt ids: one packed record
+    prompt_token_ids = {
+        d.turn: d.decision.llm_call.prompt_token_ids
+        for d in trace.decisions
+        if d.decision.llm_call is not None and d.decision.llm_call.prompt_token_ids is not None
+    }
+    t["sessions"].append(_session_row(trace, session_id, writer_id, recorded_at))
+    if prompt_token_ids:
+        t["prompt_token_ids"].append((session_id, RECORD_CODEC, pack_token_ids(prompt_token_ids)))
+    t["rollout_records"].append((session_id, *pack_record(record_of(trace)), None))
+    return out
 
-    for d, episode in zip(trace.decisions, episodes, strict=True):
-        call = d.decision.llm_call
+
+def _session_row(
+    trace: RolloutTrace, session_id: str, writer_id: int | None, recorded_at: float
+) -> tuple[Any, ...]:
+    response, metrics, request = trace.response, trace.response.metrics, trace.request
+    model, sampling = _model_and_sampling(trace)
+    achievements = list(metrics.achievements)
+    return (
+        session_id,
+        response.run_id,
+        response.group_id,
+        response.group_index,
+        request.rl_run_id,
+        request.mode,
+        trace.env_name,
+        dumps(redact(trace.env_config if trace.env_config is not None else request.env.config)),
+        trace.seed,
+        trace.policy_name,
+        dumps(redact(trace.policy_config)),
+        model,
+        dumps(sampling),
+        trace.started_at,
+        trace.finished_at,
+        response.status,
+        response.stop_reason,
+        response.error,
+        len(trace.decisions),
+        metrics.num_steps,
+        metrics.num_episodes,
+        round(sum(metrics.episode_returns), 6),
+        metrics.mean_return,
+        dumps(achievements),
+        len(achievements),
+        metrics.llm_calls,
+        metrics.prompt_tokens,
+        metrics.completion_tokens,
+        dumps(metrics.model_dump(mode="json")),
+        dumps(redact(request.model_dump(mode="json", exclude_none=True))),
+        writer_id,
+        recorded_at,
+        response.parent_index,
+        response.fork_turn,
+    )
+
+
+def detail_rows(record: dict[str, Any], session_id: str) -> TraceRows:
+    """The rows of the detail tables (all but `sessions` and the records) of one rollout's record."""
+    out = TraceRows()
+    t = out.tables
+    record_messages: list[Any] = record["messages"]
+    messages = _Messages(session_id)
+    decisions: list[dict[str, Any]] = record["decisions"]
+    episode_totals: dict[int, dict[str, Any]] = {}
+
+    for d, episode in zip(decisions, _episodes(decisions), strict=True):
+        turn, call = d["turn"], d["call"]
         prompt_ids: list[int] | None = None
         completion_idx: int | None = None
         if call is not None:
-            prompt = call.request.get("messages")
-            if isinstance(prompt, list):
-                prompt_ids = [messages.add(m, d.turn, "prompt") for m in prompt]
-            completion = _completion_message(call.response)
+            if call["prompt"] is not None:
+                prompt_ids = [messages.add(record_messages[i], turn, "prompt") for i in call["prompt"]]
+            completion = _completion_message(call["response"])
             if completion is not None:
-                completion_idx = messages.add(completion, d.turn, "completion")
-            usage = call.usage or {}
-            if call.prompt_token_ids is not None:
-                prompt_token_ids[d.turn] = call.prompt_token_ids
+                completion_idx = messages.add(completion, turn, "completion")
+            params = dict(record["params"][call["params"]])
+            if call["tools"] is not None:
+                params["tools"] = record["tools"][call["tools"]]
+            usage = call["usage"] or {}
             t["llm_calls"].append(
                 (
                     session_id,
-                    d.turn,
-                    call.request.get("model") or call.model,
-                    dumps(_request_without_messages(call.request)),
-                    dumps(call.response),
-                    call.finish_reason,
+                    turn,
+                    params.get("model") or call["model"],
+                    dumps(params),
+                    dumps(call["response"]),
+                    call["finish_reason"],
                     usage.get("prompt_tokens"),
                     usage.get("completion_tokens"),
                     usage.get("total_tokens"),
-                    dumps(call.usage),
-                    call.latency_ms,
-                    call.attempts,
-                    call.error,
+                    dumps(call["usage"]),
+                    call["latency_ms"],
+                    call["attempts"],
+                    call["error"],
                     None,  # in the session's `prompt_token_ids` record
-                    dumps(call.completion_token_ids),
-                    dumps(call.completion_logprobs),
-                    call.weights_version,
+                    dumps(call["completion_token_ids"]),
+                    dumps(call["completion_logprobs"]),
+                    call["weights_version"],
                 )
             )
         t["turns"].append(
             (
                 session_id,
-                d.turn,
+                turn,
                 episode,
-                dumps(_strip_images(d.observation)) if isinstance(d.observation, dict) else None,
-                dumps(d.decision.tool_calls),
-                d.decision.error,
-                d.decision.error_detail,
+                dumps(d["observation"]),
+                dumps(d["tool_calls"]),
+                d["error"],
+                d["error_detail"],
                 dumps(prompt_ids),
                 completion_idx,
             )
         )
-        result = d.result
+        result = d["result"]
         if result is None:
             continue
-        info = result.info or {}
+        info = result["info"] or {}
         unlocked = info.get("achievements_unlocked")
+        reward = float(result["reward"])
         t["env_steps"].append(
             (
                 session_id,
-                d.turn,
+                turn,
                 episode,
                 dumps(list(info.get("actions", []))),
                 info.get("actions_executed"),
-                float(result.reward),
-                int(result.done),
-                int(result.truncated),
-                result.step_idx,
+                reward,
+                int(result["done"]),
+                int(result["truncated"]),
+                result["step_idx"],
                 dumps(unlocked),
-                d.env_ms,
+                d["env_ms"],
                 dumps(info),
             )
         )
-        t["rewards"].append((session_id, "step", d.turn, episode, "env", float(result.reward), None))
+        t["rewards"].append((session_id, "step", turn, episode, "env", reward, None))
         if unlocked:
             annotation = dumps({"achievements": list(unlocked)})
             t["rewards"].append(
-                (session_id, "step", d.turn, episode, "achievements", float(len(unlocked)), annotation)
+                (session_id, "step", turn, episode, "achievements", float(len(unlocked)), annotation)
             )
         totals = episode_totals.setdefault(
             episode, {"return": 0.0, "achievements": [], "length": 0, "done": False, "truncated": False}
         )
-        totals["return"] += float(result.reward)
+        totals["return"] += reward
         totals["achievements"].extend(a for a in unlocked or [] if a not in totals["achievements"])
         totals["length"] += 1
-        totals["done"], totals["truncated"] = bool(result.done), bool(result.truncated)
+        totals["done"], totals["truncated"] = bool(result["done"]), bool(result["truncated"])
 
     for episode, totals in sorted(episode_totals.items()):
         value = round(totals.pop("return"), 6)
@@ -291,70 +341,32 @@ def trace_rows(trace: RolloutTrace, session_id: str, writer_id: int | None, reco
         count = float(len(totals["achievements"]))
         t["rewards"].append((session_id, "episode", None, episode, "achievements", count, None))
 
-    total_reward = round(sum(metrics.episode_returns), 6)
-    achievements = list(metrics.achievements)
+    achievements = record["achievements"]
     t["rewards"].append(
-        (session_id, "session", None, None, "return", total_reward, dumps({"achievements": achievements}))
+        (
+            session_id,
+            "session",
+            None,
+            None,
+            "return",
+            record["total_reward"],
+            dumps({"achievements": achievements}),
+        )
     )
     t["rewards"].append((session_id, "session", None, None, "achievements", float(len(achievements)), None))
     t["messages"] = messages.rows
-    for trajectory in response.trajectories:
-        for idx, stream in enumerate(trajectory.streams):
-            t["streams"].append(
-                (
-                    session_id,
-                    trajectory.episode,
-                    idx,
-                    stream.start_reason,
-                    stream.end_reason,
-                    dumps(stream.token_ids),
-                    dumps(stream.sampled),
-                    dumps(stream.logprobs),
-                    dumps([span.model_dump(mode="json") for span in stream.spans]),
-                )
+    for stream in record["streams"]:
+        t["streams"].append(
+            (
+                session_id,
+                stream["episode"],
+                stream["idx"],
+                stream["start_reason"],
+                stream["end_reason"],
+                dumps(stream["token_ids"]),
+                dumps(stream["sampled"]),
+                dumps(stream["logprobs"]),
+                dumps(stream["spans"]),
             )
-
-    if prompt_token_ids:
-        t["prompt_token_ids"].append((session_id, TOKEN_IDS_CODEC, pack_token_ids(prompt_token_ids)))
-
-    model, sampling = _model_and_sampling(trace)
-    request = trace.request
-    t["sessions"].append(
-        (
-            session_id,
-            response.run_id,
-            response.group_id,
-            response.group_index,
-            request.rl_run_id,
-            request.mode,
-            trace.env_name,
-            dumps(redact(trace.env_config if trace.env_config is not None else request.env.config)),
-            trace.seed,
-            trace.policy_name,
-            dumps(redact(trace.policy_config)),
-            model,
-            dumps(sampling),
-            trace.started_at,
-            trace.finished_at,
-            response.status,
-            response.stop_reason,
-            response.error,
-            len(trace.decisions),
-            metrics.num_steps,
-            metrics.num_episodes,
-            total_reward,
-            metrics.mean_return,
-            dumps(achievements),
-            len(achievements),
-            metrics.llm_calls,
-            metrics.prompt_tokens,
-            metrics.completion_tokens,
-            dumps(metrics.model_dump(mode="json")),
-            dumps(redact(request.model_dump(mode="json", exclude_none=True))),
-            writer_id,
-            recorded_at,
-            response.parent_index,
-            response.fork_turn,
         )
-    )
     return out

@@ -21,6 +21,10 @@ Tables (all JSON columns hold JSON text):
   recorded (its ``prompt_token_ids`` column only in rows written before schema version 6).
 - ``prompt_token_ids``: per rollout, every call's prompt token ids as one record (a JSON object
   of turn → ids, zstd-compressed: ``codec`` says so); `TraceReader` puts them back on each call.
+- ``rollout_records``: a rollout written but not yet derived: its detail as one compressed record
+  (``codec``). Readers (`TraceReader`, the viewer, the exporters) derive the detail tables from it
+  first (`tracing.derive`) and delete it; one that cannot be derived stays, ``error`` saying why.
+  The `sessions` row and the prompt token ids are written at once.
 - ``env_steps``: per executed decision: actions, reward, done/truncated, achievements unlocked.
 - ``rewards``: per-step (``scope='step'``), per-episode and per-session outcome rewards.
 - ``trace_writers``: one row per writer lifetime (server run) with its counters, including
@@ -244,6 +248,18 @@ _V6 = (
     )""",
 )
 
+# A rollout's detail as one compressed record (`record.record_of`), written in place of about eight
+# rows per turn; `derive.derive_pending` turns it into the detail tables' rows when the DB is read
+# and deletes it. A record that cannot be derived keeps its row, with the reason in `error`.
+_V7 = (
+    """CREATE TABLE rollout_records (
+        session_id TEXT PRIMARY KEY REFERENCES sessions(session_id) ON DELETE CASCADE,
+        codec TEXT NOT NULL,
+        data BLOB NOT NULL,
+        error TEXT
+    )""",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "sessions, turns, messages, llm_calls, env_steps, rewards, writer bookkeeping", _V1),
     Migration(2, "indexes for export filters and the session_summary view", _V2),
@@ -251,6 +267,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(4, "sessions.parent_index and fork_turn: a forking group's tree", _V4),
     Migration(5, "streams: an episode's token streams (token-in/token-out rollouts)", _V5),
     Migration(6, "prompt_token_ids: a rollout's prompt token ids, one compressed record", _V6),
+    Migration(7, "rollout_records: a rollout's detail, one compressed record until derived", _V7),
 )
 SCHEMA_VERSION = MIGRATIONS[-1].version
 

@@ -29,6 +29,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from grpo_service.tracing.derive import derive_file
+
 # ids: a timestep is rowid * 100000 + turn; a turn's cais event is 2 * that, its environment event + 1.
 _TIMESTEP_ID = "(s.rowid * 100000 + {turn})"
 _CREATED_AT = "strftime('%Y-%m-%d %H:%M:%f', s.started_at, 'unixepoch')"
@@ -201,6 +203,7 @@ def export_synth_db(source: str | Path, dest: str | Path) -> dict[str, int]:
     if dest.exists():
         raise FileExistsError(f"{dest} exists; choose a new file")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    derive_file(source)
     conn = sqlite3.connect(f"file:{source}?mode=ro", uri=True)
     try:
         install_views(conn, temporary=True)

@@ -3,6 +3,9 @@ rollout wait on disk.
 
 Design (see docs/workflow.md, "Tracing"):
 
+- A rollout is written as three rows: its ``sessions`` row, its prompt token ids and its detail
+  as one compressed record (`tracing.record`); readers derive the detail tables from the record
+  (`tracing.derive`), so the serving process never encodes or inserts them.
 - ``submit(trace)`` is synchronous and O(1): ``put_nowait`` on a bounded ``asyncio.Queue``.
 - One writer task owns the only write connection (aiosqlite: the SQL runs on its thread).
   It takes everything queued at that moment (up to ``max_batch`` rollouts), writes it with
@@ -36,7 +39,7 @@ from typing import Any
 
 import aiosqlite
 
-from grpo_service.tracing.rows import TABLE_COLUMNS, TraceRows, insert_sql, trace_rows
+from grpo_service.tracing.rows import TABLE_COLUMNS, TraceRows, insert_sql, written_rows
 from grpo_service.tracing.schema import (
     CONNECTION_PRAGMAS,
     PAGE_SIZE_PRAGMA,
@@ -55,8 +58,9 @@ _MAX_PENDING_DROPS = 10_000  # run ids kept for `dropped_rollouts` (the counter 
 
 @dataclass(frozen=True)
 class EncodedTrace:
-    """A finished rollout already encoded as rows, where it ran (a Ray host): the writer only
-    inserts them, and the rows (plain tuples) cross processes far cheaper than the trace."""
+    """A finished rollout already encoded as its rows, where it ran (a Ray host): the writer only
+    inserts them, and the rows (a few tuples, the detail one compressed record) cross processes
+    far cheaper than the trace."""
 
     run_id: str | None
     rows: TraceRows
@@ -64,7 +68,7 @@ class EncodedTrace:
 
 def encode_trace(trace: RolloutTrace, writer_id: int | None, recorded_at: float) -> EncodedTrace:
     """``trace`` as the rows of a new session written by ``writer_id``."""
-    return EncodedTrace(trace.response.run_id, trace_rows(trace, uuid.uuid4().hex, writer_id, recorded_at))
+    return EncodedTrace(trace.response.run_id, written_rows(trace, uuid.uuid4().hex, writer_id, recorded_at))
 
 
 def run_id_of(item: RolloutTrace | EncodedTrace) -> str | None:

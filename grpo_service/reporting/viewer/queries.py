@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from grpo_service.errors import NotFound, Unprocessable
 from grpo_service.tracing.codec import loads
+from grpo_service.tracing.derive import derive_file
 from grpo_service.tracing.reader import MESSAGE_COLUMNS, TURNS_JOINED, message_from_row
 
 QUERY_DEADLINE_S = 10.0
@@ -120,6 +121,7 @@ def open_trace_db(path: Path, *, deadline_s: float | None = None) -> Iterator[sq
     deadline_s = QUERY_DEADLINE_S if deadline_s is None else deadline_s
     if not path.is_file():
         raise NotFound(f"no trace DB at {path}", code="no_trace_db")
+    derive_file(path, budget_s=deadline_s / 2)  # rollouts written since the last page, into the tables
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
     except sqlite3.Error as exc:
