@@ -105,6 +105,12 @@ class Settings(BaseSettings):
         description="Hosts outlive the front that started them (detached actors), for several "
         "fronts on one cluster; by default they end with it.",
     )
+    ray_step_link: bool = Field(
+        default=True,
+        description="Send batches of steps to a host over a kept-open connection of its own (its "
+        "step link) rather than as Ray actor calls; off, or when a host cannot be reached that "
+        "way, every batch is an actor call.",
+    )
     ray_start_timeout_s: float = Field(
         default=120.0, gt=0, description="Longest wait for Ray and the hosts at startup."
     )

@@ -31,6 +31,7 @@ from grpo_service.cluster.host import (
     TraceSinkActor,
     host_name,
 )
+from grpo_service.cluster.step_link import StepLink
 from grpo_service.config import Settings
 from grpo_service.core.registry import INSTANCE_ENV_VAR
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance
@@ -56,6 +57,7 @@ class HostRef:
     training: bool = False  # serves the training API
     inflight: int = 0  # rollouts this front runs on it now
     suspect_until: float = 0.0
+    link: StepLink | None = None  # its step link, if it has one and this front uses them
 
     @property
     def name(self) -> str:
@@ -232,9 +234,9 @@ class Cluster:
                     ray.kill(actor)
             raise
         for actor, info in zip(actors, infos, strict=True):
-            self.hosts[info["tag"]] = HostRef(
-                info["tag"], actor, info["node_id"], info["hostname"], training=info["training"]
-            )
+            host = HostRef(info["tag"], actor)
+            self._met(host, info)
+            self.hosts[host.tag] = host
 
     async def refresh(self) -> None:
         """Learn the hosts of the namespace that Ray knows (other fronts may have started some)."""
@@ -264,10 +266,18 @@ class Cluster:
                 code="wrong_instance",
             ) from None
         host = HostRef(tag, actor)
-        info = await self.call(host, "start", timeout=CALL_TIMEOUT_S)
-        host.node_id, host.hostname, host.training = info["node_id"], info["hostname"], info["training"]
+        self._met(host, await self.call(host, "start", timeout=CALL_TIMEOUT_S))
         self.hosts[tag] = host
         return host
+
+    def _met(self, host: HostRef, info: dict[str, Any]) -> None:
+        """What a host's ``start`` told of it: where it runs, and its step link."""
+        import ray
+
+        host.node_id, host.hostname, host.training = info["node_id"], info["hostname"], info["training"]
+        if self.settings.ray_step_link:
+            same_node = host.node_id == ray.get_runtime_context().get_node_id()
+            host.link = StepLink.of(info.get("link"), host.describe(), same_node=same_node)
 
     async def close(self) -> None:
         import ray
@@ -285,6 +295,9 @@ class Cluster:
             for actor in self._created:
                 with contextlib.suppress(Exception):
                     ray.kill(actor)
+        for host in self.hosts.values():
+            if host.link is not None:
+                await host.link.close()
         self.hosts.clear()
         if self._started_ray:
             await asyncio.to_thread(ray.shutdown)

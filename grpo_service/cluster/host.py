@@ -3,9 +3,11 @@
 A host builds the same app as ``python main.py`` (its registries, managers and coordinator) and
 answers the front's calls in its own event loop. The front sends it whole HTTP requests
 (`Host.request`): one actor call per request, so a rollout, a group part or a batch is one
-call, never one per step; a per-step client's steps travel several to a call (`Host.requests`,
-`grpo_service.cluster.step_batcher`). Ids the host issues carry its tag (`GRPO_INSTANCE_ID`, set by the
-front), which is how any front finds the host of an id: the actor named ``grpo-host-{tag}``.
+call, never one per step; a per-step client's steps travel several to a batch
+(`grpo_service.cluster.step_batcher`), over the host's step link (a kept-open connection,
+`grpo_service.cluster.step_link`) or, without one, as one actor call (`Host.requests`). Ids the
+host issues carry its tag (`GRPO_INSTANCE_ID`, set by the front), which is how any front finds the
+host of an id: the actor named ``grpo-host-{tag}``.
 
 Finished rollouts are encoded as trace rows here and go to the cluster's one trace writer
 (`TraceSinkActor`, on the front's node), which inserts them; a request's answer leaves the
@@ -26,6 +28,7 @@ from typing import Any
 
 from grpo_service.api.asgi import Answer, RequestArgs, call_asgi
 from grpo_service.api.listing import env_summary, listed_run, policy_summary
+from grpo_service.cluster.step_link import StepLinkServer
 from grpo_service.config import Settings
 from grpo_service.errors import ServiceError
 from grpo_service.tracing.traces import RolloutTrace
@@ -111,24 +114,36 @@ class Host:
         self.app = app_factory(settings, tracer=self.tracer)
         self.services = self.app.state.services
         self._lifespan: contextlib.AsyncExitStack | None = None
+        self._link: StepLinkServer | None = None
+        self._link_info: dict[str, Any] | None = None
 
     async def start(self) -> dict[str, Any]:
-        """Run the app's startup (reaper, GC tuning); where this host runs."""
+        """Run the app's startup (reaper, GC tuning) and open the step link; where this host runs
+        and how to reach its link."""
         import ray
 
         if self._lifespan is None:
             stack = contextlib.AsyncExitStack()
             await stack.enter_async_context(self.app.router.lifespan_context(self.app))
             self._lifespan = stack
+        if self._link is None:
+            self._link = StepLinkServer(self.requests)
+            try:
+                self._link_info = await self._link.start(ray.util.get_node_ip_address())
+            except OSError:  # the fronts send every batch by actor call
+                log.exception("host %s cannot listen for step links", self.tag)
         return {
             "tag": self.tag,
             "node_id": ray.get_runtime_context().get_node_id(),
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "training": self.services.training is not None,
+            "link": self._link_info,
         }
 
     async def stop(self) -> None:
+        if self._link is not None:
+            await self._link.close()
         if self._lifespan is not None:
             stack, self._lifespan = self._lifespan, None
             await stack.aclose()
