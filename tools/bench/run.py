@@ -437,6 +437,12 @@ class Layout:
             return cls(None, None)
         return cls({cpus[0]}, set(cpus[1:]))
 
+    @property
+    def everything(self) -> set[int] | None:
+        """Every CPU of the layout: what an unpinned server started from the pinned harness is
+        given (it would inherit the harness's CPUs)."""
+        return None if self.service is None else self.service | (self.harness or set())
+
     def describe(self) -> str:
         if self.service is None:
             return "not pinned: service, fake LLM and load generator share all cores"
@@ -882,7 +888,7 @@ class Bench:
             through_ray = run_sessions(
                 self.plan.mode,
                 self.workdir,
-                server_cpus=None,
+                server_cpus=self.layout.everything,
                 log=self.log,
                 serving=ray,
                 transports=("openenv",),
