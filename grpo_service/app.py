@@ -165,7 +165,7 @@ def create_app(
     # The protocol servers first: a request to one is then routed by its prefix, without being
     # matched against every route of the service's API (a quarter of an AgentGym step's CPU).
     agentgym_steps = agentgym.mount(app, services)
-    openenv.mount(app, services)
+    openenv_links = openenv.mount(app, services)
     # each route lists the errors it can return
     for module in (meta, env, policy, rollout, group_stream, batch, viewer):
         app.include_router(module.router)
@@ -176,7 +176,7 @@ def create_app(
     # unauthenticated is read, parsed or forwarded), the body size, the Ray hosts' router, and
     # innermost the hottest steps (AgentGym's, `/env/step`) answered without FastAPI's routing.
     fast_paths = {**agentgym_steps, "/env/step": env.fast_step(services)}
-    app.add_middleware(FastPaths, routes=fast_paths, settings=settings)
+    app.add_middleware(FastPaths, routes=fast_paths, settings=settings, internal=openenv_links)
     if cluster is not None:
         from grpo_service.cluster.router import ClusterRouter
 

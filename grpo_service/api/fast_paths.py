@@ -11,6 +11,9 @@ answers everything else (401, 415...). A fast path raises what its route raises 
 `ServiceError`, a `PluginError`): the app's error handlers answer them (`error_response`), so
 the two paths answer alike. Add it innermost: CORS, the key gate, the body size limit and the
 Ray hosts' router still see every request.
+
+``internal`` routes are the service's own internal routes (a Ray front's socket links, on a
+host): taken only from the service itself (`call_asgi`), as their route's `internal_only` would.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from starlette.requests import HTTPConnection
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from grpo_service.api.asgi import INTERNAL_SCOPE_KEY
 from grpo_service.api.auth import check_key
 from grpo_service.config import Settings
 from grpo_service.errors import Unauthorized, error_response
@@ -32,13 +36,24 @@ FastRoute = Callable[[bytes], Awaitable[Response | None]]
 class FastPaths:
     """ASGI middleware: ``POST`` requests to the paths of ``routes`` answered by their fast path."""
 
-    def __init__(self, app: ASGIApp, routes: dict[str, FastRoute], settings: Settings) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        routes: dict[str, FastRoute],
+        settings: Settings,
+        internal: dict[str, FastRoute] | None = None,
+    ) -> None:
         self.app = app
         self.routes = routes
+        self.internal = internal or {}
         self.settings = settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        route = self.routes.get(scope["path"]) if scope["type"] == "http" else None
+        route = None
+        if scope["type"] == "http":
+            route = self.routes.get(scope["path"])
+            if route is None and scope.get(INTERNAL_SCOPE_KEY):
+                route = self.internal.get(scope["path"])
         if route is None or scope["method"] != "POST" or not self._acceptable(scope):
             await self.app(scope, receive, send)
             return
