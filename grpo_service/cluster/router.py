@@ -31,7 +31,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from grpo_service.api.asgi import Answer, RequestArgs, call_asgi
 from grpo_service.api.listing import Page, paginate
 from grpo_service.cluster.cluster import Cluster, HostRef, share
-from grpo_service.cluster.step_batcher import StepBatcher, batched
+from grpo_service.cluster.step_batcher import StepBatcher, batched, session_op
 from grpo_service.core.registry import TAGGED_ID_PATTERN, new_id
 from grpo_service.errors import HostLost, HostUnavailable, ServiceError, WrongInstance, error_body, send_error
 from grpo_service.models import (
@@ -132,6 +132,8 @@ class ClusterRouter:
     async def _forward(self, host: HostRef, request: _Request, weight: int = 0) -> Answer:
         host.inflight += weight
         try:
+            if session_op(request.path):
+                return await self.steps.single(host, request.args())
             return await self.cluster.call(host, "request", *request.args())
         finally:
             host.inflight -= weight

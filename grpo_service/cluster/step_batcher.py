@@ -31,9 +31,13 @@ log = logging.getLogger(__name__)
 
 def batched(method: str, path: str, body: bytes) -> bool:
     """Whether a request to one host is a step, sent with the others of its event-loop turn."""
-    return method == "POST" and (
-        path == "/env/step" or (path.startswith("/openenv/") and body.startswith(STEP_LINK))
-    )
+    return method == "POST" and (path == "/env/step" or (session_op(path) and body.startswith(STEP_LINK)))
+
+
+def session_op(path: str) -> bool:
+    """Whether a request is an operation of an OpenEnv socket's session (a link request): short,
+    so it goes over the host's step link even alone (`StepBatcher.single`)."""
+    return path.startswith("/openenv/") and path.endswith("/link")
 
 
 class StepBatcher:
@@ -53,6 +57,11 @@ class StepBatcher:
             loop.call_soon(self._send, host)
         batch.append((args, answer))
         return await answer
+
+    async def single(self, host: HostRef, args: RequestArgs) -> Answer:
+        """``args`` answered by ``host`` on its own (over its step link if it has one)."""
+        (answer,) = await self._answers(host, [args])
+        return answer
 
     def _send(self, host: HostRef) -> None:
         batch = self._gathering.pop(host.tag)
