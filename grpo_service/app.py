@@ -180,7 +180,7 @@ def create_app(
     if cluster is not None:
         from grpo_service.cluster.router import ClusterRouter
 
-        app.add_middleware(ClusterRouter, cluster=cluster)
+        app.add_middleware(ClusterRouter, cluster=cluster, fastapi_app=app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_request_bytes)
     app.add_middleware(APIKeyGate, fastapi_app=app)
     if settings.cors_allow_origins:  # none by default: see docs/reliability.md, "CORS"

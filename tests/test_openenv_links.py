@@ -64,3 +64,20 @@ def test_the_front_sends_step_frames_with_the_other_steps_of_their_turn() -> Non
         body = LinkRequest(op=op, session_id="h1-abc", frame="{}").model_dump_json().encode()  # type: ignore[arg-type]
         assert not batched("POST", "/openenv/textcraft/link", body), op
     assert batched("POST", "/env/step", b"{}") and not batched("GET", "/openenv/textcraft/link", step)
+
+
+async def test_a_link_request_is_answered_ahead_of_routing_only_when_internal(tmp_path: Path) -> None:
+    """On a host, a link request takes the internal fast path; one it does not take (not a
+    `LinkRequest`) gets the route's 422, and from outside the service the path does not exist."""
+    from grpo_service.api.asgi import call_asgi
+
+    app = create_app(make_settings(tmp_path))
+    path, headers = "/openenv/textcraft/link", [(b"content-type", b"application/json")]
+    status, _, body = await call_asgi(app, "POST", path, b"", headers, b'{"op":"open"}')
+    assert status == 200 and json.loads(body)["session_id"]
+    status, _, body = await call_asgi(app, "POST", path, b"", headers, b'{"op":"nope"}')
+    assert status == 422, body
+    from fastapi.testclient import TestClient
+
+    with TestClient(app) as client:  # a client's request is not internal: 404, as for any unknown path
+        assert client.post(path, json={"op": "open"}).status_code == 404

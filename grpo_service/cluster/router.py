@@ -73,10 +73,26 @@ ROLLOUT_PATHS = frozenset(
 
 
 class ClusterRouter:
-    def __init__(self, app: ASGIApp, cluster: Cluster) -> None:
+    def __init__(self, app: ASGIApp, cluster: Cluster, fastapi_app: Any = None) -> None:
         self.app = app
         self.cluster = cluster
         self.steps = StepBatcher(cluster)
+        if fastapi_app is not None:  # the OpenEnv sockets' links send their operations here
+            fastapi_app.state.internal_request = self.internal_request
+
+    async def internal_request(
+        self, method: str, path: str, query: bytes, headers: list[tuple[bytes, bytes]], body: bytes
+    ) -> Answer:
+        """A request of the service's own (an OpenEnv socket's link operation) routed as
+        `__call__` routes a client's, without the app's middleware, which its socket passed
+        when it opened: thousands of sockets send one per frame."""
+        scope = {"type": "http", "method": method, "path": path, "query_string": query, "headers": headers}
+        try:
+            return await self._dispatch(scope, body)
+        except ServiceError as exc:
+            answer = _json_answer(exc.status_code, error_body(exc.code, exc.message))
+            extra = [(k.lower().encode(), v.encode()) for k, v in (exc.headers or {}).items()]
+            return answer[0], [*answer[1], *extra], answer[2]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "")

@@ -232,7 +232,12 @@ class ClusterLink:
 
     async def _call(self, request: LinkRequest) -> Outcome:
         body = request.model_dump_json().encode()
-        call = call_asgi(self.app, "POST", self.path, b"", self.headers, body)
+        # The Ray front's router, straight (set when the app's middleware is built), else the app.
+        direct = getattr(self.app.state, "internal_request", None)
+        if direct is not None:
+            call = direct("POST", self.path, b"", self.headers, body)
+        else:
+            call = call_asgi(self.app, "POST", self.path, b"", self.headers, body)
         try:
             status, _, content = await asyncio.wait_for(call, timeout=LINK_TIMEOUT_S)
         except TimeoutError:
