@@ -136,10 +136,13 @@ async def test_derive_stops_at_its_budget_and_the_rest_stays_pending(tmp_path: P
     db = tmp_path / "t.db"
     await write(db, [synthetic_trace(f"r{i}", turns=2) for i in range(40)])
     with sqlite3.connect(db, isolation_level=None) as conn:
-        first = derive_pending(conn, batch=16, budget_s=0.0)  # one batch begun, then out of time
-        assert first.derived == 16
-        assert conn.execute("SELECT COUNT(*) FROM rollout_records").fetchone()[0] == 24
-        assert derive_pending(conn, batch=16).derived == 24
+        (last,) = conn.execute("SELECT session_id FROM sessions WHERE run_id = 'r39'").fetchone()
+        # The session asked for first, then one batch begun before the budget ran out.
+        report = derive_pending(conn, batch=16, budget_s=0.0, first=last)
+        assert (report.derived, report.failed) == (17, 0)
+        left = {r[0] for r in conn.execute("SELECT session_id FROM rollout_records")}
+        assert len(left) == 23 and last not in left
+        assert derive_pending(conn, batch=16).derived == 23
     assert counts(db)["rollout_records"] == 0
 
 

@@ -31,6 +31,7 @@ BATCH = 16  # rollouts per transaction: about 0.1 s of a writer's wait at 30 tur
 
 _HAS_RECORDS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollout_records'"
 _PENDING = "SELECT session_id, codec, data FROM rollout_records WHERE error IS NULL LIMIT ?"
+_PENDING_ONE = "SELECT session_id, codec, data FROM rollout_records WHERE error IS NULL AND session_id = ?"
 
 
 @dataclass(frozen=True)
@@ -41,10 +42,15 @@ class DeriveReport:
 
 
 def derive_pending(
-    conn: sqlite3.Connection, *, batch: int = BATCH, budget_s: float | None = None
+    conn: sqlite3.Connection,
+    *,
+    batch: int = BATCH,
+    budget_s: float | None = None,
+    first: str | None = None,
 ) -> DeriveReport:
     """Derive the pending records of ``conn`` (opened with ``isolation_level=None``): all of
-    them, or those the batches begun within ``budget_s`` seconds reach (the rest stay pending).
+    them, or those the batches begun within ``budget_s`` seconds reach (the rest stay pending);
+    session ``first``'s before any other.
 
     Raises `sqlite3.OperationalError` when the DB cannot be written (read-only, or locked past
     the busy timeout); what was derived before stays derived.
@@ -55,25 +61,30 @@ def derive_pending(
         return DeriveReport()
     deadline = None if budget_s is None else time.monotonic() + budget_s
     derived = failed = 0
+    if first is not None:
+        derived, failed, _ = _derive_batch(conn, _PENDING_ONE, (first,))
     while True:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            pending = conn.execute(_PENDING, (batch,)).fetchall()
-            for session_id, codec, data in pending:
-                if _derive_one(conn, session_id, codec, data):
-                    derived += 1
-                else:
-                    failed += 1
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        if len(pending) < batch or (deadline is not None and time.monotonic() > deadline):
+        done, bad, seen = _derive_batch(conn, _PENDING, (batch,))
+        derived, failed = derived + done, failed + bad
+        if seen < batch or (deadline is not None and time.monotonic() > deadline):
             break
     kept = conn.execute("SELECT COUNT(*) FROM rollout_records WHERE error IS NOT NULL").fetchone()[0]
     if failed:
         log.warning("%d rollout records could not be derived (%d kept in rollout_records)", failed, kept)
     return DeriveReport(derived, failed, kept)
+
+
+def _derive_batch(conn: sqlite3.Connection, query: str, params: tuple[object, ...]) -> tuple[int, int, int]:
+    """The records ``query`` selects derived in one transaction: (derived, failed, selected)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        pending = conn.execute(query, params).fetchall()
+        derived = sum(_derive_one(conn, *row) for row in pending)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return derived, len(pending) - derived, len(pending)
 
 
 def _derive_one(conn: sqlite3.Connection, session_id: str, codec: str, data: bytes) -> bool:
@@ -95,7 +106,9 @@ def _derive_one(conn: sqlite3.Connection, session_id: str, codec: str, data: byt
     return True
 
 
-def derive_file(path: str | Path, *, budget_s: float | None = None) -> DeriveReport | None:
+def derive_file(
+    path: str | Path, *, budget_s: float | None = None, first: str | None = None
+) -> DeriveReport | None:
     """`derive_pending` on a connection of its own; None (and a warning) when the file cannot be
     written now: a reader then reads the tables as they are."""
     if not Path(path).is_file():  # connecting would create it
@@ -108,7 +121,7 @@ def derive_file(path: str | Path, *, budget_s: float | None = None) -> DeriveRep
     try:
         for pragma in CONNECTION_PRAGMAS:
             conn.execute(pragma)
-        return derive_pending(conn, budget_s=budget_s)
+        return derive_pending(conn, budget_s=budget_s, first=first)
     except sqlite3.DatabaseError as exc:  # read-only, locked, or not a DB (its reader says so)
         log.warning("cannot derive the rollout records of %s now (%s); reading it as it is", path, exc)
         return None

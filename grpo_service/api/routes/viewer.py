@@ -172,7 +172,7 @@ def rollouts(source: Source, filters: Annotated[runs.RunFilters, Query()]) -> di
 @router.get("/api/rollouts/{session_id}")
 def rollout(session_id: str, source: Source) -> dict[str, Any]:
     """A rollout's session record and a light timeline of its turns."""
-    with runs.open_trace_db(_db(source)) as conn:
+    with runs.open_trace_db(_db(source), session_id=session_id) as conn:
         session = runs.session(conn, session_id)
         return {"session": session, "timeline": runs.timeline(conn, session_id)}
 
@@ -185,7 +185,7 @@ def turns(
     count: Annotated[int, Query(ge=1, le=runs.MAX_TURN_CHUNK)] = 50,
 ) -> dict[str, Any]:
     """Turns ``start`` .. ``start + count - 1`` in full."""
-    with runs.open_trace_db(_db(source)) as conn:
+    with runs.open_trace_db(_db(source), session_id=session_id) as conn:
         runs.session(conn, session_id)
         return {"start": start, "turns": runs.turns(conn, session_id, start, count)}
 
@@ -195,7 +195,7 @@ def turn_prompt(
     session_id: str, turn: Annotated[int, PathParam(ge=0, le=10**9)], source: Source
 ) -> dict[str, Any]:
     """Every message the model was sent at one turn."""
-    with runs.open_trace_db(_db(source)) as conn:
+    with runs.open_trace_db(_db(source), session_id=session_id) as conn:
         runs.session(conn, session_id)
         return {"turn": turn, "messages": runs.prompt(conn, session_id, turn)}
 
@@ -205,7 +205,7 @@ def _replay(source: ViewerSource, session_id: str) -> tuple[tuple[str, str], Rep
     key = (str(db), session_id)
 
     def build() -> Replay:
-        with runs.open_trace_db(db) as conn:
+        with runs.open_trace_db(db, session_id=session_id) as conn:
             s = runs.session(conn, session_id)
             steps = runs.replay_steps(conn, session_id)
             prefix = runs.replay_prefix(conn, session_id)

@@ -116,12 +116,15 @@ def parse_time(value: str, *, end: bool) -> float:
 
 
 @contextlib.contextmanager
-def open_trace_db(path: Path, *, deadline_s: float | None = None) -> Iterator[sqlite3.Connection]:
-    """A read-only connection whose queries stop at the deadline; file problems become 4xx."""
+def open_trace_db(
+    path: Path, *, deadline_s: float | None = None, session_id: str | None = None
+) -> Iterator[sqlite3.Connection]:
+    """A read-only connection whose queries stop at the deadline; file problems become 4xx.
+    Rollouts written since the last page are derived first (``session_id``'s before others)."""
     deadline_s = QUERY_DEADLINE_S if deadline_s is None else deadline_s
     if not path.is_file():
         raise NotFound(f"no trace DB at {path}", code="no_trace_db")
-    derive_file(path, budget_s=deadline_s / 2)  # rollouts written since the last page, into the tables
+    derive_file(path, budget_s=deadline_s / 2, first=session_id)
     try:
         conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, check_same_thread=False)
     except sqlite3.Error as exc:
