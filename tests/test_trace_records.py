@@ -6,13 +6,14 @@ from __future__ import annotations
 import copy
 import logging
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
 
 from grpo_service.tracing import TraceReader, TraceWriter
 from grpo_service.tracing.codec import RECORD_CODEC
-from grpo_service.tracing.derive import derive_file, derive_pending
+from grpo_service.tracing.derive import DeriveReport, derive_file, derive_pending
 from grpo_service.tracing.record import record_of, unpack_record
 from grpo_service.tracing.rows import DERIVED_TABLES, detail_rows
 from tools.synthetic_traces import synthetic_trace
@@ -163,3 +164,20 @@ async def test_the_viewer_shows_a_rollout_written_since_the_last_page(tmp_path: 
     later = next(r for r in rollouts["rows"] if r["run_id"] == "later")
     turns = client.get(f"/viewer/api/rollouts/{later['session_id']}/turns").json()["turns"]
     assert [t["turn"] for t in turns] == [0, 1, 2, 3]
+
+
+async def test_nothing_pending_takes_no_write_lock(tmp_path: Path) -> None:
+    """A reader of a DB with nothing to derive (a viewer page after page) never waits for the
+    write lock, and so never fails on a DB another connection is writing."""
+    db = tmp_path / "t.db"
+    await write(db, [synthetic_trace("r", turns=2)])
+    assert derive_file(db) == DeriveReport(derived=1)
+    holder = sqlite3.connect(db, isolation_level=None)
+    holder.execute("BEGIN IMMEDIATE")  # a writer mid-transaction
+    try:
+        started = time.monotonic()
+        assert derive_file(db) == DeriveReport()
+        assert time.monotonic() - started < 1.0  # not the 5 s busy timeout
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()

@@ -31,6 +31,7 @@ BATCH = 16  # rollouts per transaction: about 0.1 s of a writer's wait at 30 tur
 
 _HAS_RECORDS = "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'rollout_records'"
 _PENDING = "SELECT session_id, codec, data FROM rollout_records WHERE error IS NULL LIMIT ?"
+_ANY_PENDING = "SELECT 1 FROM rollout_records WHERE error IS NULL LIMIT 1"
 _PENDING_ONE = "SELECT session_id, codec, data FROM rollout_records WHERE error IS NULL AND session_id = ?"
 
 
@@ -59,6 +60,8 @@ def derive_pending(
         return DeriveReport()
     if schema_version(conn) > SCHEMA_VERSION:  # its records are for the newer code to derive
         return DeriveReport()
+    if conn.execute(_ANY_PENDING).fetchone() is None:  # nothing to do: no write lock taken
+        return DeriveReport(kept=_kept(conn))
     deadline = None if budget_s is None else time.monotonic() + budget_s
     derived = failed = 0
     if first is not None:
@@ -68,10 +71,14 @@ def derive_pending(
         derived, failed = derived + done, failed + bad
         if seen < batch or (deadline is not None and time.monotonic() > deadline):
             break
-    kept = conn.execute("SELECT COUNT(*) FROM rollout_records WHERE error IS NOT NULL").fetchone()[0]
+    kept = _kept(conn)
     if failed:
         log.warning("%d rollout records could not be derived (%d kept in rollout_records)", failed, kept)
     return DeriveReport(derived, failed, kept)
+
+
+def _kept(conn: sqlite3.Connection) -> int:
+    return int(conn.execute("SELECT COUNT(*) FROM rollout_records WHERE error IS NOT NULL").fetchone()[0])
 
 
 def _derive_batch(conn: sqlite3.Connection, query: str, params: tuple[object, ...]) -> tuple[int, int, int]:
