@@ -98,6 +98,16 @@ async def test_a_host_that_cannot_be_reached_is_link_unavailable() -> None:
     link = StepLink("127.0.0.1", port, "00" * 32, "host gone")
     with pytest.raises(LinkUnavailable, match="cannot connect to host gone"):
         await link.send([("POST", "/env/step", b"", [], b"{}")])
+    server = StepLinkServer(echo)  # the host listens now, but the link waits before trying again
+    link.port, link.token = (await server.start("127.0.0.1"))["local_port"], server.token
+    try:
+        with pytest.raises(LinkUnavailable, match="host gone is down"):  # no connect per batch
+            await link.send([("POST", "/env/step", b"", [], b"{}")])
+        link._down_until = 0.0  # as when RETRY_S has passed
+        assert (await link.send([("GET", "/x", b"", [], b"")]))[0][0] == 200
+    finally:
+        await link.close()
+        await server.close()
 
 
 async def test_a_failing_handler_breaks_the_link_rather_than_hanging_it() -> None:

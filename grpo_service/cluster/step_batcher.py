@@ -18,15 +18,12 @@ batches grow by themselves: the busier the front, the more steps arrive in one t
 from __future__ import annotations
 
 import asyncio
-import logging
 
 from grpo_service.api.asgi import Answer, RequestArgs
 from grpo_service.cluster.cluster import Cluster, HostRef
 from grpo_service.cluster.step_link import LinkBroken, LinkUnavailable
 from grpo_service.errors import HostUnavailable
 from grpo_service.protocols.openenv.links import STEP_LINK
-
-log = logging.getLogger(__name__)
 
 
 def batched(method: str, path: str, body: bytes) -> bool:
@@ -92,8 +89,8 @@ class StepBatcher:
         if link is not None:
             try:
                 return await asyncio.wait_for(link.send(batch), self.cluster.settings.host_timeout_s)
-            except LinkUnavailable as exc:
-                log.warning("%s; sending by actor call", exc)
+            except LinkUnavailable:  # by actor call (`StepLink` says why, once per failed connect)
+                pass
             except LinkBroken as exc:
                 raise HostUnavailable(f"{exc}; retry later") from None
             except TimeoutError:

@@ -16,7 +16,8 @@ answered as they finish, not in the order they were sent. A frame over `MAX_FRAM
 the connection.
 
 The front falls back to the actor call when it cannot connect (a firewall between nodes, a host
-from before the link): the link is a faster path, never the only one. A connection lost with
+from before the link), and tries to connect again `RETRY_S` later: the link is a faster path,
+never the only one. A connection lost with
 batches in flight fails them with 503 ``host_unavailable`` (whether the host ran them is not
 known); the next batch connects again, or falls back to the actor call, which tells a dead host.
 """
@@ -29,6 +30,7 @@ import hmac
 import itertools
 import logging
 import secrets
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -43,6 +45,7 @@ MAX_FRAME_BYTES = 256 * 2**20
 HANDSHAKE_S = 10.0
 LOOPBACK = "127.0.0.1"
 CONNECT_S = 5.0
+RETRY_S = 30.0  # after a failed connect, batches go by actor call this long before trying again
 
 Handler = Callable[[list[RequestArgs]], Awaitable[list[Answer]]]
 
@@ -182,6 +185,7 @@ class StepLink:
         self._pending: dict[int, asyncio.Future[list[Answer]]] = {}
         self._ids = itertools.count()
         self._connecting = asyncio.Lock()
+        self._down_until = 0.0
 
     @classmethod
     def of(cls, info: dict[str, Any] | None, describe: str, *, same_node: bool) -> StepLink | None:
@@ -210,12 +214,22 @@ class StepLink:
         async with self._connecting:
             if self._writer is not None and not self._writer.is_closing():
                 return self._writer
+            if time.monotonic() < self._down_until:  # it just failed: no connect per batch meanwhile
+                raise LinkUnavailable(f"the step link to {self.describe} is down")
             try:
                 reader, writer = await asyncio.wait_for(
                     asyncio.open_connection(self.address, self.port), CONNECT_S
                 )
             except (OSError, TimeoutError) as exc:
+                self._down_until = time.monotonic() + RETRY_S
                 where = f"{self.address}:{self.port}"
+                log.warning(
+                    "cannot connect to %s at %s (%s): actor calls for %.0f s",
+                    self.describe,
+                    where,
+                    exc,
+                    RETRY_S,
+                )
                 raise LinkUnavailable(f"cannot connect to {self.describe} at {where}: {exc}") from None
             writer.write(self.token)
             self._writer = writer

@@ -27,7 +27,7 @@ from grpo_service.tracing.codec import RECORD_CODEC, pack, redact, unpack
 from grpo_service.tracing.traces import IMAGE_KEYS, RolloutTrace
 
 
-class _Messages:
+class _PromptMessages:
     """A rollout's distinct prompt messages. A message is known by its identity (an agent's
     history window replays the same objects) or, for a plain text message (the system prompt and
     the observations, rebuilt each turn by most agents), by its role and text."""
@@ -57,7 +57,7 @@ class _Messages:
 
 def record_of(trace: RolloutTrace) -> dict[str, Any]:
     """The detail of ``trace`` as plain JSON values (the objects it holds are not copied)."""
-    messages = _Messages()
+    messages = _PromptMessages()
     params: list[dict[str, Any]] = []  # distinct consecutive requests' parameters, redacted
     tools: list[Any] = []  # distinct consecutive tool schemas
     last_raw: dict[str, Any] | None = None
