@@ -182,7 +182,8 @@ class StepLink:
         self.describe = describe
         self._writer: asyncio.StreamWriter | None = None
         self._reading: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[list[Answer]]] = {}
+        # Batches in flight, with the connection each was sent on (only its loss fails them).
+        self._pending: dict[int, tuple[asyncio.StreamWriter, asyncio.Future[list[Answer]]]] = {}
         self._ids = itertools.count()
         self._connecting = asyncio.Lock()
         self._down_until = 0.0
@@ -203,7 +204,7 @@ class StepLink:
         writer = await self._connected()
         batch_id = next(self._ids)
         answer: asyncio.Future[list[Answer]] = asyncio.get_running_loop().create_future()
-        self._pending[batch_id] = answer
+        self._pending[batch_id] = (writer, answer)
         try:
             writer.write(encode_requests(batch_id, batch))
             return await answer
@@ -241,7 +242,7 @@ class StepLink:
         try:
             while True:
                 batch_id, answers = decode_answers(await _read_frame(reader))
-                answer = self._pending.get(batch_id)
+                _, answer = self._pending.get(batch_id, (writer, None))
                 if answer is not None and not answer.done():
                     answer.set_result(answers)
         except asyncio.IncompleteReadError:
@@ -252,8 +253,8 @@ class StepLink:
             writer.close()
             if self._writer is writer:
                 self._writer = None
-            for answer in self._pending.values():
-                if not answer.done():
+            for sent_on, answer in self._pending.values():
+                if sent_on is writer and not answer.done():
                     answer.set_exception(LinkBroken(f"the step link to {self.describe} was lost ({reason})"))
 
     async def close(self) -> None:
