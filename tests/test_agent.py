@@ -115,6 +115,28 @@ async def test_agentgym_conversation(fake: FakeInferenceServer, client: Inferenc
     ]
 
 
+async def test_a_prompt_replays_the_window_as_the_same_message_objects(
+    fake: FakeInferenceServer, client: InferenceClient
+) -> None:
+    """Each prompt repeats the window's messages as the objects the earlier prompts sent (the
+    opening messages and each turn's user message included): a trace keeps each once, by identity."""
+    policy = agent(fake, client, history_window=2)
+    prompts = []
+    for room in ("hall", "stairs", "attic", "cellar"):
+        decision = await policy.step(observation(f"You are in the {room}"), StepOptions(record_logprobs=True))
+        assert decision.error is None and decision.llm_call is not None
+        prompts.append(decision.llm_call.request["messages"])
+        policy.observe_outcome(outcome("You moved"))
+    last, before = prompts[-1], prompts[-2]
+    assert last[0] is before[0] and last[1] is before[1]  # the instruction and its answer
+    sent = {id(m) for prompt in prompts[:-1] for m in prompt}
+    # New: the last turn's reply, in a prompt for the first time, and the observation.
+    assert [id(m) in sent for m in last] == [True] * (len(last) - 2) + [False, False]
+    assert last[-1]["content"] == "You are in the cellar"
+    rooms = ("stairs", "attic", "cellar")
+    assert [m["content"] for m in last[2::2]] == [f"You are in the {r}" for r in rooms]
+
+
 async def test_text_replies_without_one_action(fake: FakeInferenceServer, client: InferenceClient) -> None:
     policy = agent(fake, client)
     parse = policy.parse_reply

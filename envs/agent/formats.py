@@ -25,6 +25,7 @@ unchanged observation is not repeated while the invalid turn is in the window.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -68,6 +69,9 @@ class Turn(BaseModel):
     # The turn's reply messages, rendered once and replayed as they are for the rest of the
     # window (a turn does not change once it is in the history). Shared: never mutate them.
     _rendered: tuple[str, list[dict[str, Any]]] | None = PrivateAttr(default=None)
+    # The user message before the reply, as last sent: the same object while its text stays the
+    # same, so later prompts replay the window's messages as they were (a trace keeps one copy).
+    _user: dict[str, Any] | None = PrivateAttr(default=None)
 
     def rendered(
         self, format_name: str, render: Callable[[Turn], list[dict[str, Any]]]
@@ -78,6 +82,20 @@ class Turn(BaseModel):
         if cached is None or cached[0] != format_name:
             cached = self._rendered = (format_name, render(self))
         return cached[1]
+
+    def user_message(self, content: str) -> dict[str, Any]:
+        """The user message with ``content`` before this turn's reply (shared: never mutate it)."""
+        private = self.__pydantic_private__
+        cached = private.get("_user") if private is not None else None
+        if cached is None or cached["content"] != content:
+            cached = self._user = {"role": "user", "content": content}
+        return cached
+
+    def adopt_user_message(self, message: Any) -> None:
+        """Keep ``message``, the user message the prompt of this turn ended with, for
+        `user_message` to give again when its text is the same."""
+        if type(message) is dict and message.get("role") == "user" and type(message.get("content")) is str:
+            self._user = message
 
     @model_validator(mode="before")
     @classmethod
@@ -114,20 +132,27 @@ def invalid_reply_feedback(kind: str, detail: str | None, tools: list[str]) -> s
     return f"Error: {(detail or kind)[:500]}. Please adjust your response."
 
 
-def _user_message(previous: Turn | None, observation: str, answered_by_tools: bool) -> dict[str, Any] | None:
-    """The user message before a reply: the observation, led by the feedback on an invalid
-    previous turn (unless its tool messages carried it); an observation the invalid turn already
-    showed is not repeated. None when there is nothing new to say."""
+def _user_content(previous: Turn | None, observation: str, answered_by_tools: bool) -> str | None:
+    """The text of the user message before a reply: the observation, led by the feedback on an
+    invalid previous turn (unless its tool messages carried it); an observation the invalid turn
+    already showed is not repeated. None when there is nothing new to say."""
     if previous is None or previous.error is None:
-        return {"role": "user", "content": observation}
+        return observation
     parts = [] if answered_by_tools else [previous.result]
     if observation != previous.observation:
         parts.append(observation)
-    return {"role": "user", "content": "\n\n".join(parts)} if parts else None
+    return "\n\n".join(parts) if parts else None
+
+
+@functools.lru_cache(maxsize=256)
+def _head(*messages: tuple[str, str]) -> tuple[dict[str, Any], ...]:
+    """The conversation's opening messages, ``(role, content)`` each: the same objects for every
+    prompt with the same text (shared: never mutate them)."""
+    return tuple({"role": role, "content": content} for role, content in messages)
 
 
 def _conversation(
-    head: list[dict[str, Any]],
+    head: tuple[dict[str, Any], ...],
     history: Iterable[Turn],
     observation: str,
     reply: Callable[[Turn], list[dict[str, Any]]],
@@ -137,14 +162,15 @@ def _conversation(
     messages = list(head)
     previous: Turn | None = None
     for turn in history:
-        user = _user_message(previous, turn.observation, previous is not None and answered_by_tools(previous))
-        if user is not None:
-            messages.append(user)
+        answered = previous is not None and answered_by_tools(previous)
+        content = _user_content(previous, turn.observation, answered)
+        if content is not None:
+            messages.append(turn.user_message(content))
         messages.extend(turn.rendered(format_name, reply))
         previous = turn
-    user = _user_message(previous, observation, previous is not None and answered_by_tools(previous))
-    if user is not None:
-        messages.append(user)
+    content = _user_content(previous, observation, previous is not None and answered_by_tools(previous))
+    if content is not None:
+        messages.append({"role": "user", "content": content})
     return messages
 
 
@@ -172,9 +198,8 @@ class ToolCallFormat:
 
     @staticmethod
     def messages(system: str, history: Iterable[Turn], observation: str) -> list[dict[str, Any]]:
-        head = [{"role": "system", "content": system}]
         return _conversation(
-            head,
+            _head(("system", system)),
             history,
             observation,
             ToolCallFormat._reply,
@@ -215,9 +240,8 @@ class AgentGymFormat:
 
     @staticmethod
     def messages(instruction: str, history: Iterable[Turn], observation: str) -> list[dict[str, Any]]:
-        head = [{"role": "user", "content": instruction}, {"role": "assistant", "content": AGENTGYM_ACK}]
         return _conversation(
-            head,
+            _head(("user", instruction), ("assistant", AGENTGYM_ACK)),
             history,
             observation,
             lambda turn: [{"role": "assistant", "content": turn.reply or ""}],

@@ -575,6 +575,9 @@ class LLMAgent(Policy[ConfigT], Generic[ConfigT]):
             reply=meta.get("assistant_content") if keep_text else None,
             error=reply.error,
         )
+        prompt = call.request.get("messages")
+        if isinstance(prompt, list) and prompt:
+            self._pending.adopt_user_message(prompt[-1])
         return PolicyDecision(
             reply.tool_calls, meta, llm_call=call, error=reply.error, error_detail=reply.detail
         )
