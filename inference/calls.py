@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -33,3 +33,6 @@ class LLMCall:
     # it returned): the call crossed a weight push, and either version's weights may have sampled
     # it (a reply finished just before the pause but read after the new version was told).
     weights_version_sent: int | None = None
+    # ``prompt_token_ids`` as compact JSON, kept from the reply's check (which encodes them):
+    # a trace stores this text instead of encoding thousands of ids per call again.
+    prompt_token_ids_json: bytes | None = field(default=None, repr=False, compare=False)

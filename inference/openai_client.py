@@ -319,6 +319,13 @@ _INT_LIST_BYTES = b"0123456789,-"
 
 def _int_list(value: Any, what: str) -> list[int] | None:
     """``value`` (parsed JSON) when it is a list of integers (bools are not token ids)."""
+    checked = _int_list_json(value, what)
+    return None if checked is None else checked[0]
+
+
+def _int_list_json(value: Any, what: str) -> tuple[list[int], bytes] | None:
+    """`_int_list`, with the list's compact JSON: the check encodes it anyway, and a trace of the
+    call stores exactly that text (`LLMCall.prompt_token_ids_json`)."""
     if value is None:
         return None
     # Prompts carry thousands of ids, so the check runs in C: a JSON list whose compact encoding
@@ -332,7 +339,7 @@ def _int_list(value: Any, what: str) -> list[int] | None:
             pass
         else:
             if not text[1:-1].translate(None, _INT_LIST_BYTES):
-                return value
+                return value, text
     raise InferenceError("malformed_response", f"{what} is not a list of integers")
 
 
@@ -677,7 +684,7 @@ class InferenceClient:
             )
         if not choices or not isinstance(choices, list) or not isinstance(choices[0], dict):
             raise InferenceError("malformed_response", "the response has no choices")
-        prompt_ids = _int_list(response.get("prompt_token_ids"), "prompt_token_ids")
+        prompt = _int_list_json(response.get("prompt_token_ids"), "prompt_token_ids")
         check_choice(response, 0)
         completion_ids, logprobs = choice_tokens(response, 0)
         usage = check_usage(response.get("usage"))
@@ -690,7 +697,8 @@ class InferenceClient:
             usage=usage,
             model=response.get("model"),
             finish_reason=choices[0].get("finish_reason"),
-            prompt_token_ids=prompt_ids,
+            prompt_token_ids=prompt[0] if prompt else None,
+            prompt_token_ids_json=prompt[1] if prompt else None,
             completion_token_ids=completion_ids,
             completion_logprobs=logprobs,
             weights_version=_weights_version(response),
@@ -704,7 +712,7 @@ class InferenceClient:
         choice = choices[0]
         _check_str(choice.get("text"), "choices[0].text")
         _check_str(choice.get("finish_reason"), "choices[0].finish_reason")
-        prompt_ids = _int_list(choice.get("prompt_token_ids"), "choices[0].prompt_token_ids")
+        prompt = _int_list_json(choice.get("prompt_token_ids"), "choices[0].prompt_token_ids")
         ids = _int_list(choice.get("token_ids"), "choices[0].token_ids")
         field = choice.get("logprobs")
         logprobs: list[float] | None = None
@@ -731,7 +739,8 @@ class InferenceClient:
             usage=check_usage(response.get("usage")),
             model=response.get("model"),
             finish_reason=choice.get("finish_reason"),
-            prompt_token_ids=prompt_ids,
+            prompt_token_ids=prompt[0] if prompt else None,
+            prompt_token_ids_json=prompt[1] if prompt else None,
             completion_token_ids=ids,
             completion_logprobs=logprobs,
             weights_version=_weights_version(response),

@@ -86,6 +86,8 @@ async def test_ok_call_with_exact_token_ids(client: InferenceClient, server: Fak
     expected = build_completion(body, server.state.config, "ok", 1)
     choice = expected["choices"][0]
     assert call.prompt_token_ids == expected["prompt_token_ids"]
+    # Their compact JSON, kept from the check for the trace to store as it is.
+    assert call.prompt_token_ids_json == orjson.dumps(expected["prompt_token_ids"])
     assert call.completion_token_ids == choice["token_ids"]
     assert call.completion_logprobs == [e["logprob"] for e in choice["logprobs"]["content"]]
     assert call.usage is not None and expected["usage"].items() <= call.usage.items()

@@ -9,10 +9,11 @@ import sqlite3
 import time
 from pathlib import Path
 
+import orjson
 import pytest
 
 from grpo_service.tracing import TraceReader, TraceWriter
-from grpo_service.tracing.codec import RECORD_CODEC
+from grpo_service.tracing.codec import RECORD_CODEC, pack_token_ids, unpack_token_ids
 from grpo_service.tracing.derive import DeriveReport, derive_file, derive_pending
 from grpo_service.tracing.record import record_of, unpack_record
 from grpo_service.tracing.rows import DERIVED_TABLES, detail_rows
@@ -69,6 +70,17 @@ def test_a_record_round_trips_to_the_rows_of_its_trace() -> None:
     assert packed.tables == direct.tables
     assert [r[1] for r in packed.tables["turns"]] == list(range(9))
     assert packed.tables["turns"][8][5] == "no_tool_call"  # the decision error, kept
+
+
+def test_prompt_token_ids_pack_the_same_from_their_checked_json() -> None:
+    """A turn's ids come as the client's compact JSON of them (`LLMCall.prompt_token_ids_json`)
+    or as the list: the stored record is the same bytes either way."""
+    by_turn = {0: [151644, 8948, 198], 1: [151644, 8948, 198, 2610, -1, 0], 12: []}
+    as_json = {turn: orjson.dumps(ids) for turn, ids in by_turn.items()}
+    mixed = {0: as_json[0], 1: by_turn[1], 12: as_json[12]}
+    packed = pack_token_ids(by_turn)
+    assert pack_token_ids(as_json) == pack_token_ids(mixed) == packed
+    assert unpack_token_ids(RECORD_CODEC, packed) == by_turn
 
 
 def test_a_prompt_message_rebuilt_each_turn_is_kept_once() -> None:

@@ -18,7 +18,7 @@ from grpo_service.models import (
     Trajectory,
 )
 from grpo_service.rollout.streams import token_streams
-from grpo_service.tracing.traces import IMAGE_KEYS, DecisionTrace
+from grpo_service.tracing.traces import DecisionTrace, strip_images
 from inference import LLMCall
 
 
@@ -57,12 +57,6 @@ def records_tokens(req: RolloutRequest) -> bool:
 
 # What a record without tokens leaves out: the server's token ids and logprobs.
 TOKEN_FIELDS = tuple(LLMTokens.model_fields)
-
-
-def strip_images(observation: dict[str, Any]) -> dict[str, Any]:
-    if not any(k in observation for k in IMAGE_KEYS):
-        return observation
-    return {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
 
 
 LLM_RECORD_FIELDS = tuple(LLMCallRecord.model_fields)

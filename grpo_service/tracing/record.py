@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from grpo_service.tracing.codec import RECORD_CODEC, pack, redact, unpack
-from grpo_service.tracing.traces import IMAGE_KEYS, RolloutTrace
+from grpo_service.tracing.traces import RolloutTrace, strip_images
 
 
 class _PromptMessages:
@@ -38,21 +38,25 @@ class _PromptMessages:
         self._by_text: dict[tuple[str, str], int] = {}
 
     def indices(self, prompt: list[Any]) -> list[int]:
-        out = []
-        by_id, values = self._by_id, self.values
-        for message in prompt:
-            index = by_id.get(id(message))
-            if index is None:
-                index = len(values)
-                if type(message) is dict and len(message) == 2:
-                    role, content = message.get("role"), message.get("content")
-                    if type(role) is str and type(content) is str:
-                        index = self._by_text.setdefault((role, content), index)
-                if index == len(values):
-                    values.append(message)
-                by_id[id(message)] = index
-            out.append(index)
+        by_id = self._by_id
+        out = [by_id.get(id(message), -1) for message in prompt]  # most were in earlier prompts
+        if -1 in out:
+            for at, message in enumerate(prompt):
+                if out[at] == -1:
+                    out[at] = self._add(message)
         return out
+
+    def _add(self, message: Any) -> int:
+        values = self.values
+        index = len(values)
+        if type(message) is dict and len(message) == 2:
+            role, content = message.get("role"), message.get("content")
+            if type(role) is str and type(content) is str:
+                index = self._by_text.setdefault((role, content), index)
+        if index == len(values):
+            values.append(message)
+        self._by_id[id(message)] = index
+        return index
 
 
 def record_of(trace: RolloutTrace) -> dict[str, Any]:
@@ -96,11 +100,7 @@ def record_of(trace: RolloutTrace) -> dict[str, Any]:
         decisions.append(
             {
                 "turn": d.turn,
-                "observation": (
-                    {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
-                    if isinstance(observation, dict)
-                    else None
-                ),
+                "observation": strip_images(observation) if isinstance(observation, dict) else None,
                 "tool_calls": decision.tool_calls,
                 "error": decision.error,
                 "error_detail": decision.error_detail,

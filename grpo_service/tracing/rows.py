@@ -186,11 +186,11 @@ def written_rows(
     detail as one record (`record.record_of`), from which `detail_rows` derives the rest."""
     out = TraceRows()
     t = out.tables
-    prompt_token_ids = {
-        d.turn: d.decision.llm_call.prompt_token_ids
-        for d in trace.decisions
-        if d.decision.llm_call is not None and d.decision.llm_call.prompt_token_ids is not None
-    }
+    prompt_token_ids: dict[int, list[int] | bytes] = {}
+    for d in trace.decisions:
+        call = d.decision.llm_call
+        if call is not None and call.prompt_token_ids is not None:
+            prompt_token_ids[d.turn] = call.prompt_token_ids_json or call.prompt_token_ids
     t["sessions"].append(_session_row(trace, session_id, writer_id, recorded_at))
     if prompt_token_ids:
         t["prompt_token_ids"].append((session_id, RECORD_CODEC, pack_token_ids(prompt_token_ids)))

@@ -12,6 +12,13 @@ from grpo_service.models import RolloutRequest, RolloutResponse
 IMAGE_KEYS = ("image_png_base64", "image")  # observation fields never stored in traces
 
 
+def strip_images(observation: dict[str, Any]) -> dict[str, Any]:
+    """``observation`` without its images (itself when it has none)."""
+    if not any(k in observation for k in IMAGE_KEYS):
+        return observation
+    return {k: v for k, v in observation.items() if k not in IMAGE_KEYS}
+
+
 @dataclass
 class DecisionTrace:
     """One agent decision with everything the trace DB and SFT export need."""
