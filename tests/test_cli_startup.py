@@ -19,7 +19,6 @@ HEAVY = (
     "openai",
     "aiohttp",
     "pydantic_settings",
-    "aiosqlite",
     "numpy",
     "crafter",
     "envs",

@@ -36,9 +36,6 @@ from __future__ import annotations
 import sqlite3
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import aiosqlite
 
 # Applied on every connection (reader or writer). WAL lets readers run during writes; with
 # synchronous=NORMAL a commit survives a process crash (kill -9), only not a power loss.
@@ -307,40 +304,10 @@ def migrate_sync(conn: sqlite3.Connection, migrations: tuple[Migration, ...] = M
     return _version_sync(conn)
 
 
-async def migrate_async(conn: aiosqlite.Connection, migrations: tuple[Migration, ...] = MIGRATIONS) -> int:
-    """`migrate_sync` for an aiosqlite connection (``isolation_level=None``)."""
-    if not _pending(await _version_async(conn), migrations):
-        return await _version_async(conn)
-    for migration in migrations:
-        await conn.execute("BEGIN IMMEDIATE")
-        try:
-            current = await _version_async(conn)
-            if migration not in _pending(current, migrations):
-                await conn.execute("ROLLBACK")
-                continue
-            for statement in migration.statements:
-                await conn.execute(statement)
-            await conn.execute(_RECORD, (migration.version, time.time(), migration.description))
-            await conn.execute("COMMIT")
-        except BaseException:
-            await conn.execute("ROLLBACK")
-            raise
-    return await _version_async(conn)
-
-
 def _version_sync(conn: sqlite3.Connection) -> int:
     if conn.execute(_VERSION_TABLE_EXISTS).fetchone() is None:
         return 0
     return int(conn.execute(_CURRENT_VERSION).fetchone()[0])
-
-
-async def _version_async(conn: aiosqlite.Connection) -> int:
-    async with conn.execute(_VERSION_TABLE_EXISTS) as cur:
-        if await cur.fetchone() is None:
-            return 0
-    async with conn.execute(_CURRENT_VERSION) as cur:
-        row: Any = await cur.fetchone()
-        return int(row[0])
 
 
 def schema_version(conn: sqlite3.Connection) -> int:

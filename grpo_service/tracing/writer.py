@@ -7,10 +7,12 @@ Design (see docs/workflow.md, "Tracing"):
   as one compressed record (`tracing.record`); readers derive the detail tables from the record
   (`tracing.derive`), so the serving process never encodes or inserts them.
 - ``submit(trace)`` is synchronous and O(1): ``put_nowait`` on a bounded ``asyncio.Queue``.
-- One writer task owns the only write connection (aiosqlite: the SQL runs on its thread).
-  It takes everything queued at that moment (up to ``max_batch`` rollouts), writes it with
-  ``executemany`` in one transaction and commits: group commit, so a finished rollout is
-  durable within one batch time (milliseconds) and batches grow by themselves under load.
+- One writer task takes everything queued at that moment (up to ``max_batch`` rollouts) and
+  hands it to the writer's own thread, which owns the only write connection (the standard
+  library's sqlite3): it encodes the batch, writes it with ``executemany`` in one transaction
+  and commits, one hand-off per batch. Group commit: a finished rollout is durable within one
+  batch time (milliseconds) and batches grow by themselves under load. The thread runs the
+  encoding off the event loop, and SQLite releases the GIL while it writes.
 - WAL mode with ``synchronous=NORMAL``: a committed batch survives ``kill -9``; readers use
   their own connections and never block the writer.
 - Queue full: the rollout is **not** written; it is counted (``stats()["dropped"]``, the
@@ -30,14 +32,15 @@ import contextlib
 import logging
 import os
 import socket
+import sqlite3
 import time
 import uuid
 from collections import deque
-from dataclasses import dataclass
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import aiosqlite
+from typing import Any, TypeVar
 
 from grpo_service.tracing.rows import TABLE_COLUMNS, TraceRows, insert_sql, written_rows
 from grpo_service.tracing.schema import (
@@ -45,13 +48,14 @@ from grpo_service.tracing.schema import (
     PAGE_SIZE_PRAGMA,
     SCHEMA_VERSION,
     WAL_PRAGMA,
-    migrate_async,
+    migrate_sync,
 )
 from grpo_service.tracing.traces import RolloutTrace
 from grpo_service.version import __version__
 
 log = logging.getLogger(__name__)
 
+_T = TypeVar("_T")
 _STOP = object()
 _MAX_PENDING_DROPS = 10_000  # run ids kept for `dropped_rollouts` (the counter itself is exact)
 
@@ -93,7 +97,9 @@ class TraceWriter:
         self.max_batch = max_batch
         self.close_timeout_s = close_timeout_s
         self._queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=queue_size)
-        self._conn: aiosqlite.Connection | None = None
+        # The writer's thread and its connection: the connection is used on that thread only.
+        self._thread: ThreadPoolExecutor | None = None
+        self._conn: sqlite3.Connection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
         self.writer_id: int | None = None
@@ -105,28 +111,45 @@ class TraceWriter:
     # ------------------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        if self._conn is not None:
+        if self._thread is not None:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        conn = await aiosqlite.connect(self.path, isolation_level=None)
+        thread = ThreadPoolExecutor(1, thread_name_prefix="trace-writer")
         try:
-            await conn.execute(PAGE_SIZE_PRAGMA)
-            await conn.execute(WAL_PRAGMA)
+            self._thread = thread
+            self.writer_id = await self._on_thread(self._open)
+        except BaseException:
+            self._thread = None
+            thread.shutdown(wait=False)
+            raise
+        self._task = asyncio.create_task(self._run(), name="trace-writer")
+        log.info("tracing rollouts to %s (writer %s)", self.path, self.writer_id)
+
+    def _open(self) -> int:
+        """On the writer's thread: the connection, the schema, this writer's row (its id)."""
+        conn = sqlite3.connect(self.path, isolation_level=None)
+        try:
+            conn.execute(PAGE_SIZE_PRAGMA)
+            conn.execute(WAL_PRAGMA)
             for pragma in CONNECTION_PRAGMAS:
-                await conn.execute(pragma)
-            await migrate_async(conn)
-            cursor = await conn.execute(
+                conn.execute(pragma)
+            migrate_sync(conn)
+            cursor = conn.execute(
                 "INSERT INTO trace_writers (started_at, pid, hostname, service_version, schema_version) "
                 "VALUES (?, ?, ?, ?, ?)",
                 (time.time(), os.getpid(), socket.gethostname(), __version__, SCHEMA_VERSION),
             )
-            self.writer_id = cursor.lastrowid
+            writer_id = cursor.lastrowid
+            assert writer_id is not None
         except BaseException:
-            await conn.close()
+            conn.close()
             raise
         self._conn = conn
-        self._task = asyncio.create_task(self._run(), name="trace-writer")
-        log.info("tracing rollouts to %s (writer %s)", self.path, self.writer_id)
+        return writer_id
+
+    async def _on_thread(self, fn: Callable[..., _T], *args: Any) -> _T:
+        assert self._thread is not None
+        return await asyncio.get_running_loop().run_in_executor(self._thread, fn, *args)
 
     async def close(self) -> None:
         """Write everything queued, record the counters, close the connection. Idempotent."""
@@ -145,11 +168,12 @@ class TraceWriter:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         self._drop_queued("close_timeout" if task is not None else "writer_not_started")
-        if self._conn is not None:
-            with contextlib.suppress(Exception):
-                await self._write_bookkeeping(closing=True)
-            await self._conn.close()
-            self._conn = None
+        if self._thread is not None:
+            try:
+                await self._on_thread(self._close_sync, list(self._pending_drops), dict(self._counts))
+                self._pending_drops.clear()
+            finally:
+                self._thread.shutdown(wait=False)
         c = self._counts
         log.info(
             "trace writer closed: %d written, %d dropped, %d failed (%s)",
@@ -250,35 +274,37 @@ class TraceWriter:
     async def _write_batch(self, batch: list[RolloutTrace | EncodedTrace]) -> None:
         started = time.monotonic()
         self._max_batch_seen = max(self._max_batch_seen, len(batch))
-        # Encoding is CPU work (milliseconds per long rollout): off the event loop.
-        built, failures = await asyncio.to_thread(self._encode, batch, time.time())
-        for trace, exc in failures:
+        drops = list(self._pending_drops)
+        written = await self._on_thread(self._write_sync, batch, drops, dict(self._counts), time.time())
+        c = self._counts
+        c["written"] += written.rollouts
+        c["batches"] += written.transactions
+        c["rows"] += written.rows
+        if written.drops:
+            for _ in drops:
+                self._pending_drops.popleft()
+        for trace, exc in written.failures:
             self._fail(trace, exc)
-        merged = TraceRows()
-        for _, rows in built:
-            merged.extend(rows)
-        try:
-            await self._transaction(merged, len(built))
-        except Exception as exc:
-            if len(built) > 1:
-                log.warning("trace writer: batch failed (%s), writing its rollouts one by one", exc)
-                for trace, rows in built:
-                    try:
-                        await self._transaction(rows, 1)
-                    except Exception as one_exc:
-                        log.exception("trace writer: cannot write rollout %s", run_id_of(trace))
-                        self._fail(trace, one_exc)
-            else:
-                log.exception("trace writer: cannot write %s", run_id_of(built[0][0]) if built else "")
-                for trace, _ in built:
-                    self._fail(trace, exc)
         self._write_s += time.monotonic() - started
 
-    def _encode(
-        self, batch: list[RolloutTrace | EncodedTrace], now: float
-    ) -> tuple[list[tuple[RolloutTrace | EncodedTrace, TraceRows]], list[tuple[RolloutTrace, Exception]]]:
+    def _fail(self, trace: RolloutTrace | EncodedTrace, exc: BaseException | None) -> None:
+        self._counts["failed"] += 1
+        reason = f"write_error: {type(exc).__name__}: {exc}"[:500] if exc else "write_error"
+        self._pending_drops.append((run_id_of(trace), reason, time.time()))
+
+    # ------------------------------------------------------------------- on the writer's thread
+
+    def _write_sync(
+        self,
+        batch: list[RolloutTrace | EncodedTrace],
+        drops: list[tuple[str | None, str, float]],
+        counts: dict[str, int],
+        now: float,
+    ) -> _Written:
+        """Encode ``batch`` and write it in one transaction with ``drops`` and the counters; a
+        batch that fails is written one rollout per transaction."""
+        out = _Written()
         built: list[tuple[RolloutTrace | EncodedTrace, TraceRows]] = []
-        failures: list[tuple[RolloutTrace, Exception]] = []
         for trace in batch:
             if isinstance(trace, EncodedTrace):
                 built.append((trace, trace.rows))
@@ -287,66 +313,103 @@ class TraceWriter:
                 built.append((trace, encode_trace(trace, self.writer_id, now).rows))
             except Exception as exc:
                 log.exception("trace writer: cannot encode rollout %s", trace.response.run_id)
-                failures.append((trace, exc))
-        return built, failures
+                out.failures.append((trace, exc))
+        merged = TraceRows()
+        for _, rows in built:
+            merged.extend(rows)
+        try:
+            self._transaction(merged, len(built), drops, counts, out)
+            return out
+        except Exception as exc:
+            if len(built) <= 1:
+                log.exception("trace writer: cannot write %s", run_id_of(built[0][0]) if built else "")
+                out.failures.extend((trace, exc) for trace, _ in built)
+                return out
+            log.warning("trace writer: batch failed (%s), writing its rollouts one by one", exc)
+        for trace, rows in built:
+            try:
+                self._transaction(rows, 1, [] if out.drops else drops, counts, out)
+            except Exception as one_exc:
+                log.exception("trace writer: cannot write rollout %s", run_id_of(trace))
+                out.failures.append((trace, one_exc))
+        return out
 
-    def _fail(self, trace: RolloutTrace | EncodedTrace, exc: BaseException | None) -> None:
-        self._counts["failed"] += 1
-        reason = f"write_error: {type(exc).__name__}: {exc}"[:500] if exc else "write_error"
-        self._pending_drops.append((run_id_of(trace), reason, time.time()))
-
-    async def _transaction(self, rows: TraceRows, rollouts: int) -> None:
+    def _transaction(
+        self,
+        rows: TraceRows,
+        rollouts: int,
+        drops: list[tuple[str | None, str, float]],
+        counts: dict[str, int],
+        out: _Written,
+    ) -> None:
         conn = self._conn
         assert conn is not None
-        await conn.execute("BEGIN IMMEDIATE")
+        conn.execute("BEGIN IMMEDIATE")
         try:
             for table in TABLE_COLUMNS:  # parents first
                 if rows.tables[table]:
-                    await conn.executemany(insert_sql(table), rows.tables[table])
-            drops = list(self._pending_drops)
-            await self._write_bookkeeping(drops=drops, written=self._counts["written"] + rollouts)
-            await conn.execute("COMMIT")
+                    conn.executemany(insert_sql(table), rows.tables[table])
+            written = counts["written"] + out.rollouts + rollouts
+            self._write_bookkeeping(conn, drops, {**counts, "written": written}, closed_at=None)
+            conn.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(Exception):
-                await conn.execute("ROLLBACK")
+                conn.execute("ROLLBACK")
             raise
-        self._counts["written"] += rollouts
-        for _ in drops:
-            self._pending_drops.popleft()
-        self._counts["batches"] += 1
-        self._counts["rows"] += rows.count()
+        out.rollouts += rollouts
+        out.transactions += 1
+        out.rows += rows.count()
+        out.drops = out.drops or bool(drops)
 
-    async def _write_bookkeeping(
+    def _close_sync(self, drops: list[tuple[str | None, str, float]], counts: dict[str, int]) -> None:
+        """The counters (and what was dropped since the last batch) recorded, the connection closed."""
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            self._write_bookkeeping(conn, drops, counts, closed_at=time.time())
+            conn.execute("COMMIT")
+        except Exception:
+            log.exception("trace writer: cannot record its counters in %s", self.path)
+            with contextlib.suppress(Exception):
+                conn.execute("ROLLBACK")
+        finally:
+            conn.close()
+
+    def _write_bookkeeping(
         self,
-        drops: list[tuple[str | None, str, float]] | None = None,
-        written: int | None = None,
-        closing: bool = False,
+        conn: sqlite3.Connection,
+        drops: list[tuple[str | None, str, float]],
+        counts: dict[str, int],
+        closed_at: float | None,
     ) -> None:
-        """Counters (and run ids of dropped rollouts) into the DB, inside the caller's transaction
-        or on their own when closing."""
-        conn = self._conn
-        assert conn is not None
-        if closing:
-            drops = list(self._pending_drops)
-            await conn.execute("BEGIN IMMEDIATE")
+        """Counters (and run ids of dropped rollouts) into the DB, inside the caller's transaction."""
         if drops:
-            await conn.executemany(
+            conn.executemany(
                 "INSERT INTO dropped_rollouts (writer_id, run_id, reason, dropped_at) VALUES (?, ?, ?, ?)",
                 [(self.writer_id, run_id, reason, at) for run_id, reason, at in drops],
             )
-        c = self._counts
-        await conn.execute(
+        conn.execute(
             "UPDATE trace_writers SET submitted = ?, written = ?, dropped = ?, failed = ?, closed_at = ? "
             "WHERE id = ?",
             (
-                c["submitted"],
-                c["written"] if written is None else written,
-                c["dropped"],
-                c["failed"],
-                time.time() if closing else None,
+                counts["submitted"],
+                counts["written"],
+                counts["dropped"],
+                counts["failed"],
+                closed_at,
                 self.writer_id,
             ),
         )
-        if closing:
-            await conn.execute("COMMIT")
-            self._pending_drops.clear()
+
+
+@dataclass
+class _Written:
+    """What one `TraceWriter._write_sync` did: counted on the event loop when it returns."""
+
+    rollouts: int = 0
+    transactions: int = 0
+    rows: int = 0
+    drops: bool = False  # the pending drops it was handed are in the DB
+    failures: list[tuple[RolloutTrace | EncodedTrace, Exception]] = field(default_factory=list)

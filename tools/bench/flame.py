@@ -17,7 +17,7 @@ PARTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("crafter simulation", ("/site-packages/crafter/", "/envs/crafter/sim.py", "/envs/crafter/creatures.py")),
     ("agent: prompt and reply", ("/envs/agent/", "/envs/crafter/policy.py", "/inference/tool_calls.py")),
     ("env wrapper: text observation", ("/envs/crafter/", "/envs/base.py")),
-    ("trace writer (encoding, SQLite)", ("/grpo_service/tracing/", "/site-packages/aiosqlite/")),
+    ("trace writer (encoding, SQLite)", ("/grpo_service/tracing/",)),
     (
         "HTTP client (http1, openai SDK, aiohttp, httpx)",
         (
@@ -58,8 +58,6 @@ IDLE_LEAVES = (
     ("Queue.get (", "/queue.py)"),
     ("select (", "/selectors.py)"),
 )
-# Leaf lines where a thread waits for work (blocked in C, so the leaf is the Python line).
-IDLE_LINES = (("_connection_worker_thread (", "/aiosqlite/core.py:59)"),)  # `tx.get()`
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
 
@@ -69,10 +67,7 @@ def read_stacks(path: Path) -> Counter[tuple[str, ...]]:
     for line in path.read_text().splitlines():
         frames, _, count = line.rpartition(" ")
         if frames and count.isdigit():
-            raw = frames.split(";")
-            if any(raw[-1].startswith(f) and raw[-1].endswith(e) for f, e in IDLE_LINES):
-                continue
-            stack = tuple(_strip_line(f) for f in raw)
+            stack = tuple(_strip_line(f) for f in frames.split(";"))
             if not any(stack[-1].startswith(f) and stack[-1].endswith(e) for f, e in IDLE_LEAVES):
                 stacks[stack] += int(count)
     return stacks
