@@ -33,7 +33,9 @@ import argparse
 import asyncio
 import contextlib
 import json
+import multiprocessing
 import os
+import queue
 import shutil
 import signal
 import statistics
@@ -41,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -253,7 +255,9 @@ def measure_http(
 # -------------------------------------------------------------------------------- embedded
 
 
-async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path | None) -> Measured:
+async def _embedded_load(
+    load: Load, fake_url: str, workdir: Path, profile: Path | None, gate: Callable[[], object] | None
+) -> Measured:
     from grpo_service.app import build_services
     from grpo_service.config import Settings
     from grpo_service.gc_tuning import serving_gc
@@ -293,6 +297,8 @@ async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path
             ]
             if tracer is not None:
                 await tracer.flush()  # the warm-up's traces, before the window
+            if gate is not None:
+                gate()  # nothing of this load runs meanwhile: it may block the loop
             before = time.process_time()
             with sampled(os.getpid(), profile):
                 t0 = time.perf_counter()
@@ -315,16 +321,102 @@ async def _embedded_load(load: Load, fake_url: str, workdir: Path, profile: Path
 
 
 def measure_embedded(
-    load: Load, fake_url: str, workdir: Path, *, cpus: set[int] | None, profile: Path | None
+    load: Load,
+    fake_url: str,
+    workdir: Path,
+    *,
+    cpus: set[int] | None,
+    profile: Path | None,
+    gate: Callable[[], object] | None = None,
 ) -> Measured:
+    """``load`` played by the coordinator in this process. ``gate``, when given, is called once
+    the warm-up is done, right before the measured window opens."""
     if cpus is not None:
         pin(os.getpid(), cpus)
     try:
         import uvloop
 
-        return uvloop.run(_embedded_load(load, fake_url, workdir, profile))
+        return uvloop.run(_embedded_load(load, fake_url, workdir, profile, gate))
     except ImportError:
-        return asyncio.run(_embedded_load(load, fake_url, workdir, profile))
+        return asyncio.run(_embedded_load(load, fake_url, workdir, profile, gate))
+
+
+def _play_side(
+    index: int,
+    load: Load,
+    fake_url: str,
+    workdir: Path,
+    cpus: set[int] | None,
+    rounds: int,
+    barrier: Any,
+    results: Any,
+    timeout_s: float,
+) -> None:
+    """One side of `measure_side_by_side`, in its own process."""
+    try:
+        measured = [
+            measure_embedded(
+                load, fake_url, workdir, cpus=cpus, profile=None, gate=lambda: barrier.wait(timeout_s)
+            )
+            for _ in range(rounds)
+        ]
+        results.put((index, measured, None))
+    except BaseException as exc:
+        barrier.abort()  # the other sides stop waiting for this one
+        results.put((index, None, f"{type(exc).__name__}: {exc}"))
+
+
+def measure_side_by_side(
+    loads: Sequence[Load],
+    fake_url: str,
+    workdir: Path,
+    *,
+    cpus: set[int] | None,
+    rounds: int = 1,
+    timeout_s: float = 600.0,
+) -> list[list[Measured]]:
+    """Each of ``loads`` played embedded in its own process, all pinned to ``cpus`` at once,
+    ``rounds`` times (each round's windows open together): per load, its measurement per round.
+
+    A shared machine's speed drifts by a tenth or more between loads played one after the
+    other, so the difference of two figures taken that way (what tracing costs: a load traced
+    against the same load untraced) can be larger than what it measures. Played at once on
+    the same CPU, both loads see the same speed; each figure is its own process's CPU time."""
+    ctx = multiprocessing.get_context("spawn")  # a fork would copy this harness's event loop
+    barrier = ctx.Barrier(len(loads))
+    results = ctx.Queue()
+    sides = [
+        ctx.Process(
+            target=_play_side,
+            args=(i, load, fake_url, workdir / f"side-{i}", cpus, rounds, barrier, results, timeout_s),
+            name=f"decision-side-{i}",
+        )
+        for i, load in enumerate(loads)
+    ]
+    for side in sides:
+        side.start()
+    measured: dict[int, list[Measured]] = {}
+    errors: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(measured) + len(errors) < len(sides):
+            try:
+                index, got, error = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"side-by-side loads not done within {timeout_s:.0f} s") from None
+            if error is not None:
+                errors.append(f"load {index}: {error}")
+            else:
+                measured[index] = got
+    finally:
+        for side in sides:
+            side.join(timeout=10)
+            if side.is_alive():
+                side.kill()
+                side.join()
+    if errors:
+        raise RuntimeError("side-by-side loads failed: " + "; ".join(errors))
+    return [measured[i] for i in range(len(loads))]
 
 
 # ------------------------------------------------------------------------------------ main

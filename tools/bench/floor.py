@@ -244,55 +244,57 @@ def decision_costs(
     groups: int,
     group_size: int,
     turns: int,
-    traced_first: bool,
 ) -> dict[str, float]:
     """The cost of one decision, service against floor, in µs of CPU (and the ratios' parts).
 
     The service: the coordinator embedded in this process (`tools.bench.decision`), ``rl`` mode
-    with token ids and logprobs recorded, traced and untraced, twice each (ABBA, alternating
-    which goes first between repeats), each traced load into a fresh trace database,
-    pinned to ``service_cpus``. The floor: ``floor`` (a `ChildServer` of this module's app,
-    pinned there too) playing the same groups against the same fake, twice, each after one
-    pair of the service's loads (the host's speed drifts within a repeat: the ratio compares
-    loads taken together). The env's share (its in-process CPU per step in the same worlds ×
-    the steps per decision) is taken out of both."""
-    from tools.bench.decision import SEEDS, Load, measure_embedded
+    with token ids and logprobs recorded, traced (each load into a fresh trace database),
+    pinned to ``service_cpus``, twice. The floor: ``floor`` (a `ChildServer` of this module's
+    app, pinned there too) playing the same groups against the same fake, after each of the
+    service's loads (the host's speed drifts within a repeat: the ratio compares loads taken
+    together). The env's share (its in-process CPU per step in the same worlds × the steps per
+    decision) is taken out of both.
+
+    Tracing's cost: the same load traced and untraced, played side by side (two processes on
+    ``service_cpus`` at once, `measure_side_by_side`), twice: a difference of two loads taken
+    one after the other moved with the host's speed by more than it measures."""
+    from tools.bench.decision import SEEDS, Load, measure_embedded, measure_side_by_side
     from tools.bench.inproc import env_steps_per_s
     from tools.bench.procs import pinned
 
     seeds = [SEEDS[i % len(SEEDS)] for i in range(groups)]  # as `Load.body` seeds its groups
     with pinned(service_cpus):  # CPU time, not wall time: a busy machine does not inflate it
         env_us_per_step = 1e6 / env_steps_per_s(1.0, list(SEEDS), 0, clock=time.process_time)
-    # Tracing's share is a difference of two figures that each move by about a tenth between
-    # loads on a shared machine: each is measured twice, in the order ABBA.
-    runs: dict[bool, list[Any]] = {True: [], False: []}
-    first = (True, False) if traced_first else (False, True)
+    traced = Load(groups=groups, group_size=group_size, turns=turns, traced=True, tokens=True)
+    runs: list[Any] = []
     decisions = steps = 0
     floor_cpu = 0.0
-    for pair in (first, tuple(reversed(first))):
-        for traced in pair:
-            load = Load(groups=groups, group_size=group_size, turns=turns, traced=traced, tokens=True)
-            with pinned(service_cpus):
-                runs[traced].append(measure_embedded(load, fake_url, workdir, cpus=None, profile=None))
+    for _ in range(2):
+        with pinned(service_cpus):
+            runs.append(measure_embedded(traced, fake_url, workdir, cpus=None, profile=None))
         d, s, cpu = floor_decisions(floor.base_url, floor.pid, fake_url, seeds, group_size, turns)
         decisions, steps, floor_cpu = decisions + d, steps + s, floor_cpu + cpu
+    untraced = Load(groups=groups, group_size=group_size, turns=turns, traced=False, tokens=True)
+    side_traced, side_untraced = measure_side_by_side(
+        [traced, untraced], fake_url, workdir, cpus=service_cpus, rounds=2
+    )
 
     def cpu_us_per_decision(measured: list[Any]) -> float:
         return sum(m.cpu_s for m in measured) / max(1, sum(m.decisions for m in measured)) * 1e6
 
-    traced_us, untraced_us = cpu_us_per_decision(runs[True]), cpu_us_per_decision(runs[False])
-    traced_steps = sum(m.steps for m in runs[True]) / max(1, sum(m.decisions for m in runs[True]))
+    traced_us = cpu_us_per_decision(runs)
+    traced_steps = sum(m.steps for m in runs) / max(1, sum(m.decisions for m in runs))
     env_us = env_us_per_step * traced_steps
     floor_us = floor_cpu / max(1, decisions) * 1e6
     floor_env_us = env_us_per_step * steps / max(1, decisions)
-    trace_us = max(0.0, traced_us - untraced_us)
+    side_traced_us = cpu_us_per_decision(side_traced)
+    trace_us = max(0.0, side_traced_us - cpu_us_per_decision(side_untraced))
     return {
         "env_cpu_us_per_step": env_us_per_step,
         "service_cpu_us_per_decision": traced_us,
-        "service_untraced_cpu_us_per_decision": untraced_us,
         "task_app_cpu_us_per_decision": max(0.0, traced_us - env_us),
         "trace_cpu_us_per_decision": trace_us,
-        "trace_share_of_decision_cpu": trace_us / traced_us if traced_us else 0.0,
+        "trace_share_of_decision_cpu": trace_us / side_traced_us if side_traced_us else 0.0,
         "floor_cpu_us_per_decision": floor_us,
         "floor_own_cpu_us_per_decision": max(0.0, floor_us - floor_env_us),
     }

@@ -217,9 +217,6 @@ FIGURES: tuple[Figure, ...] = (
         False,
     ),
     Figure(
-        "service_untraced_cpu_us_per_decision", "us", "as service_cpu_us_per_decision, tracing off", False
-    ),
-    Figure(
         "task_app_cpu_us_per_decision",
         "us",
         "service_cpu_us_per_decision less the env's share (env steps per decision x "
@@ -229,13 +226,14 @@ FIGURES: tuple[Figure, ...] = (
     Figure(
         "trace_cpu_us_per_decision",
         "us",
-        "service_cpu_us_per_decision - service_untraced_cpu_us_per_decision",
+        "the same load traced less untraced, CPU per decision, the two played side by side (two "
+        "processes on the one CPU at once: both see the host's speed of the moment)",
         False,
     ),
     Figure(
         "trace_share_of_decision_cpu",
         "fraction",
-        "trace_cpu_us_per_decision / service_cpu_us_per_decision",
+        "trace_cpu_us_per_decision / the side-by-side traced load's CPU per decision",
         False,
     ),
     Figure(
@@ -753,7 +751,6 @@ class Bench:
                 groups=plan.decision_groups,
                 group_size=plan.decision_group_size,
                 turns=plan.decision_turns,
-                traced_first=rep % 2 == 0,
             ),
         )
         for key, value in costs.items():
