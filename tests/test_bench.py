@@ -43,6 +43,8 @@ DECISION_FIGURES = {
     "service_cpu_us_per_decision",
     "task_app_cpu_us_per_decision",
     "trace_share_of_decision_cpu",
+    "side_by_side_traced_cpu_us_per_decision",
+    "trace_writer_cpu_us_per_decision",
     "floor_cpu_us_per_decision",
 }
 

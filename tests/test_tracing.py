@@ -324,7 +324,9 @@ async def test_flush_waits_for_what_was_submitted_and_the_writer_goes_on(tmp_pat
     await asyncio.gather(writer.flush(), writer.flush())
     await writer.close()
     await writer.flush()  # closed: returns at once
-    assert writer.stats()["written"] == 20
+    stats = writer.stats()
+    assert stats["written"] == 20 and stats["batches"] >= 5  # at most 4 rollouts a batch
+    assert 0 < stats["cpu_s"] <= stats["write_s"]  # the writer thread's CPU, within its time
 
 
 async def test_closing_a_writer_that_never_started_counts_what_it_held(tmp_path: Path) -> None:

@@ -107,6 +107,7 @@ class TraceWriter:
         self._counts = {"submitted": 0, "written": 0, "dropped": 0, "failed": 0, "batches": 0, "rows": 0}
         self._max_batch_seen = 0
         self._write_s = 0.0
+        self._cpu_s = 0.0  # the writer's thread, encoding and writing
 
     # ------------------------------------------------------------------------------ lifecycle
 
@@ -239,6 +240,7 @@ class TraceWriter:
             "queue_size": self.queue_size,
             "max_batch_seen": self._max_batch_seen,
             "write_s": round(self._write_s, 6),
+            "cpu_s": round(self._cpu_s, 6),
         }
 
     # --------------------------------------------------------------------------------- writer
@@ -280,6 +282,7 @@ class TraceWriter:
         c["written"] += written.rollouts
         c["batches"] += written.transactions
         c["rows"] += written.rows
+        self._cpu_s += written.cpu_s
         if written.drops:
             for _ in drops:
                 self._pending_drops.popleft()
@@ -295,6 +298,19 @@ class TraceWriter:
     # ------------------------------------------------------------------- on the writer's thread
 
     def _write_sync(
+        self,
+        batch: list[RolloutTrace | EncodedTrace],
+        drops: list[tuple[str | None, str, float]],
+        counts: dict[str, int],
+        now: float,
+    ) -> _Written:
+        """`_encode_and_write`, with the thread's CPU time for it."""
+        started = time.thread_time()
+        out = self._encode_and_write(batch, drops, counts, now)
+        out.cpu_s = time.thread_time() - started
+        return out
+
+    def _encode_and_write(
         self,
         batch: list[RolloutTrace | EncodedTrace],
         drops: list[tuple[str | None, str, float]],
@@ -412,4 +428,5 @@ class _Written:
     transactions: int = 0
     rows: int = 0
     drops: bool = False  # the pending drops it was handed are in the DB
+    cpu_s: float = 0.0  # the writer thread's CPU time for it
     failures: list[tuple[RolloutTrace | EncodedTrace, Exception]] = field(default_factory=list)

@@ -95,6 +95,7 @@ class Measured:
     steps: int
     wall_s: float
     cpu_s: float
+    trace_cpu_s: float | None = None  # embedded and traced: the trace writer's thread, in cpu_s
 
     @property
     def cpu_us_per_decision(self) -> float:
@@ -300,6 +301,7 @@ async def _embedded_load(
             if gate is not None:
                 gate()  # nothing of this load runs meanwhile: it may block the loop
             before = time.process_time()
+            trace_before = tracer.stats()["cpu_s"] if tracer is not None else 0.0
             with sampled(os.getpid(), profile):
                 t0 = time.perf_counter()
                 answers = await asyncio.gather(*(coordinator.group(r) for r in requests))
@@ -311,13 +313,14 @@ async def _embedded_load(
                 if tracer is not None:
                     await tracer.flush()
             cpu = time.process_time() - before
+            trace_cpu = tracer.stats()["cpu_s"] - trace_before if tracer is not None else None
     finally:
         await services.client_pool.aclose()
         if tracer is not None:
             await tracer.close()
             shutil.rmtree(trace_dir, ignore_errors=True)
     decisions, steps = _counts([a.model_dump(mode="json") for a in answers])
-    return Measured("embedded", decisions, steps, wall, cpu)
+    return Measured("embedded", decisions, steps, wall, cpu, trace_cpu)
 
 
 def measure_embedded(

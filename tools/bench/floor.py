@@ -289,12 +289,15 @@ def decision_costs(
     floor_env_us = env_us_per_step * steps / max(1, decisions)
     side_traced_us = cpu_us_per_decision(side_traced)
     trace_us = max(0.0, side_traced_us - cpu_us_per_decision(side_untraced))
+    writer_us = sum(m.trace_cpu_s or 0.0 for m in runs) / max(1, sum(m.decisions for m in runs)) * 1e6
     return {
         "env_cpu_us_per_step": env_us_per_step,
         "service_cpu_us_per_decision": traced_us,
         "task_app_cpu_us_per_decision": max(0.0, traced_us - env_us),
         "trace_cpu_us_per_decision": trace_us,
+        "side_by_side_traced_cpu_us_per_decision": side_traced_us,
         "trace_share_of_decision_cpu": trace_us / side_traced_us if side_traced_us else 0.0,
+        "trace_writer_cpu_us_per_decision": writer_us,
         "floor_cpu_us_per_decision": floor_us,
         "floor_own_cpu_us_per_decision": max(0.0, floor_us - floor_env_us),
     }

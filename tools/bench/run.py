@@ -231,9 +231,23 @@ FIGURES: tuple[Figure, ...] = (
         False,
     ),
     Figure(
+        "side_by_side_traced_cpu_us_per_decision",
+        "us",
+        "the traced load's CPU per decision when played side by side with the untraced one (the "
+        "two share the CPU: higher than service_cpu_us_per_decision)",
+        False,
+    ),
+    Figure(
         "trace_share_of_decision_cpu",
         "fraction",
-        "trace_cpu_us_per_decision / the side-by-side traced load's CPU per decision",
+        "trace_cpu_us_per_decision / side_by_side_traced_cpu_us_per_decision",
+        False,
+    ),
+    Figure(
+        "trace_writer_cpu_us_per_decision",
+        "us",
+        "the trace writer's own thread (encoding a batch of rollouts, writing it), CPU time per "
+        "decision in the traced loads of service_cpu_us_per_decision",
         False,
     ),
     Figure(
@@ -347,7 +361,7 @@ RATIOS: tuple[Ratio, ...] = (
     Ratio(
         "trace_share_of_decision_cpu",
         "trace_cpu_us_per_decision",
-        "service_cpu_us_per_decision",
+        "side_by_side_traced_cpu_us_per_decision",
         0.05,
         "tracing's share of the service's CPU per decision (at most)",
         at_most=True,
@@ -375,6 +389,13 @@ INFO_RATIOS: tuple[Ratio, ...] = (
         "rollout_vs_inproc", "rollout_steps_per_s", "env_steps_per_s", 0.0, "rollout step rate / in-process"
     ),
     Ratio("trace_on_vs_off", "rollout_traced_steps_per_s", "rollout_steps_per_s", 0.0, "traced / untraced"),
+    Ratio(
+        "trace_writer_share_of_decision_cpu",
+        "trace_writer_cpu_us_per_decision",
+        "service_cpu_us_per_decision",
+        0.0,
+        "the trace writer thread's CPU / the service's, in the same traced loads",
+    ),
     Ratio(
         "http_1worker_vs_inproc",
         "http_steps_per_s_1worker",
