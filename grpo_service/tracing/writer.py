@@ -304,21 +304,9 @@ class TraceWriter:
         counts: dict[str, int],
         now: float,
     ) -> _Written:
-        """`_encode_and_write`, with the thread's CPU time for it."""
-        started = time.thread_time()
-        out = self._encode_and_write(batch, drops, counts, now)
-        out.cpu_s = time.thread_time() - started
-        return out
-
-    def _encode_and_write(
-        self,
-        batch: list[RolloutTrace | EncodedTrace],
-        drops: list[tuple[str | None, str, float]],
-        counts: dict[str, int],
-        now: float,
-    ) -> _Written:
         """Encode ``batch`` and write it in one transaction with ``drops`` and the counters; a
-        batch that fails is written one rollout per transaction."""
+        batch that fails is written one rollout per transaction. Counts the thread's CPU time."""
+        started = time.thread_time()
         out = _Written()
         built: list[tuple[RolloutTrace | EncodedTrace, TraceRows]] = []
         for trace in batch:
@@ -335,19 +323,19 @@ class TraceWriter:
             merged.extend(rows)
         try:
             self._transaction(merged, len(built), drops, counts, out)
-            return out
         except Exception as exc:
             if len(built) <= 1:
                 log.exception("trace writer: cannot write %s", run_id_of(built[0][0]) if built else "")
                 out.failures.extend((trace, exc) for trace, _ in built)
-                return out
-            log.warning("trace writer: batch failed (%s), writing its rollouts one by one", exc)
-        for trace, rows in built:
-            try:
-                self._transaction(rows, 1, [] if out.drops else drops, counts, out)
-            except Exception as one_exc:
-                log.exception("trace writer: cannot write rollout %s", run_id_of(trace))
-                out.failures.append((trace, one_exc))
+            else:
+                log.warning("trace writer: batch failed (%s), writing its rollouts one by one", exc)
+                for trace, rows in built:
+                    try:
+                        self._transaction(rows, 1, [] if out.drops else drops, counts, out)
+                    except Exception as one_exc:
+                        log.exception("trace writer: cannot write rollout %s", run_id_of(trace))
+                        out.failures.append((trace, one_exc))
+        out.cpu_s = time.thread_time() - started
         return out
 
     def _transaction(
