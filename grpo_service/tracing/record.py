@@ -42,8 +42,9 @@ class _PromptMessages:
         out = [by_id.get(id(message), -1) for message in prompt]  # most were in earlier prompts
         if -1 in out:
             for at, message in enumerate(prompt):
-                if out[at] == -1:
-                    out[at] = self._add(message)
+                if out[at] == -1:  # new, unless an earlier place in this prompt held it too
+                    known = by_id.get(id(message))
+                    out[at] = self._add(message) if known is None else known
         return out
 
     def _add(self, message: Any) -> int:
