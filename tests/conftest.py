@@ -96,31 +96,53 @@ SLOW_MODULES = frozenset(
     }
 )
 RAY_MODULES = frozenset({"test_ray.py", "test_openenv_ray.py"})
+VLLM_MODULES = frozenset({"test_vllm_parity.py", "test_vllm_service.py", "test_trl_async.py"})
 
 
-# The suite runs on two pytest-xdist workers (`--dist loadgroup`). Tests of a local Ray cluster
-# share one worker: each worker would start its own, and ``ray_address="auto"`` finds a cluster
-# by machine-wide files. So do the tests of the one real vLLM (it takes a minute to start).
+# The suite runs on two pytest-xdist workers. Tests of a local Ray cluster share one worker: each
+# worker would start its own, and ``ray_address="auto"`` finds a cluster by machine-wide files.
+# So do the tests of the one real vLLM (it takes a minute to start). The groups are told from the
+# test ids by `SuiteScheduling` (xdist's own ``loadgroup`` marks them on an id pytest 9.2 no
+# longer reads).
 RAY_NAME = re.compile(r"(^|[_\[-])ray($|[_\]-])")
 
 
-def xdist_group(item: pytest.Item) -> str | None:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if "ray" in params.values() or RAY_NAME.search(item.name) or item.path.name in RAY_MODULES:
+def xdist_group(nodeid: str) -> str | None:
+    path, _, name = nodeid.partition("::")
+    module = path.rsplit("/", 1)[-1]
+    if module in RAY_MODULES or RAY_NAME.search(name):
         return "ray"
-    if "real_vllm" in getattr(item, "fixturenames", ()):
+    if module in VLLM_MODULES:
         return "vllm"
     return None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SuiteScheduling(LoadScopeScheduling):
+        """xdist's load scheduling with the Ray and vLLM groups each kept on one worker, sent
+        before the single tests (a scope's size sets its place in the queue)."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid) or nodeid
+
+    return SuiteScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
-        group = xdist_group(item)
-        if group is not None:
-            item.add_marker(pytest.mark.xdist_group(group))
+        # A test that starts what a group shares must be told to be in it by its id.
+        fixtures = getattr(item, "fixturenames", ())
+        if "real_vllm" in fixtures and xdist_group(item.nodeid) != "vllm":
+            raise pytest.UsageError(f"{item.nodeid} uses the real vLLM: list its module in VLLM_MODULES")
+        served = getattr(getattr(item, "callspec", None), "params", {}).get("serving")
+        if ("ray_local" in fixtures or served == "ray") and xdist_group(item.nodeid) != "ray":
+            raise pytest.UsageError(f"{item.nodeid} uses the Ray cluster: name it `ray` or list its module")
 
 
 @pytest.fixture
