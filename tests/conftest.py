@@ -65,8 +65,25 @@ def fake(module_fake: FakeInferenceServer) -> FakeInferenceServer:
 SERVINGS = (pytest.param("embedded"), pytest.param("ray", marks=pytest.mark.slow))
 
 
+PROJECT_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training", "tools")
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "through_ray: run the module's server tests embedded and through Ray")
+    if sys.dont_write_bytecode and "PYTEST_XDIST_WORKER" not in os.environ:
+        compile_project()
+
+
+def compile_project() -> None:
+    """Compile the project's modules once, before the workers start. Where the environment
+    forbids writing bytecode (``PYTHONDONTWRITEBYTECODE``, as on CI machines), every process the
+    suite starts (servers, Ray workers, the bench's children: hundreds) would otherwise compile
+    them from source again; a process still reads compiled files it did not write."""
+    import compileall
+
+    root = Path(__file__).resolve().parent.parent
+    for package in PROJECT_PACKAGES:
+        compileall.compile_dir(root / package, quiet=1, workers=0)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -84,6 +101,7 @@ SLOW_MODULES = frozenset(
         "test_vllm_service.py",  # real vLLM (CPU build) in its own venv
         "test_vllm_parity.py",
         "test_viewer_browser.py",  # Chromium
+        "test_docs_page.py",
         "test_ray.py",  # Ray clusters of several nodes
         "test_openenv_ray.py",
         "test_hardening_fuzz.py",  # schemathesis over every route

@@ -44,12 +44,15 @@ BACKOFF_S = 0.5 + 1.0  # the most two backoffs can take (base 0.5 s, doubling, j
 # nothing waited longer than its timeouts and backoffs, with slack for the suite's loaded cores.
 SLACK_S = 2.5
 NO_RETRY_S = 3.0  # a fault that is not retried ends its rollout at once
+RETRY_AFTER_S = 0.05  # the 429 fake's Retry-After
 EXPECTED: dict[str, Expected] = {
     "timeout": Expected(
         "policy_error:inference_timeout", RETRIES + 1, 3 * LLM_TIMEOUT_S + BACKOFF_S + SLACK_S
     ),
-    # Retry-After 0.05 s is honoured instead of the backoff: a tighter bound than the backoffs get.
-    "http_429": Expected("policy_error:inference_rate_limited", RETRIES + 1, 2.0),
+    # Retry-After is honoured instead of the backoff: a tighter bound than the backoffs get.
+    "http_429": Expected(
+        "policy_error:inference_rate_limited", RETRIES + 1, RETRIES * RETRY_AFTER_S + SLACK_S
+    ),
     "http_500": Expected("policy_error:inference_server_error", RETRIES + 1, BACKOFF_S + SLACK_S),
     "http_503": Expected("policy_error:inference_server_error", RETRIES + 1, BACKOFF_S + SLACK_S),
     "cut_stream": Expected("policy_error:inference_connection_error", RETRIES + 1, BACKOFF_S + SLACK_S),
@@ -74,7 +77,9 @@ def faulty_fakes() -> Iterator[dict[str, FakeInferenceServer]]:
         yield {
             kind: stack.enter_context(
                 FakeInferenceServer(
-                    FakeConfig(model=MODEL, fault_probs={kind: 1.0}, timeout_fault_s=10, retry_after_s=0.05)
+                    FakeConfig(
+                        model=MODEL, fault_probs={kind: 1.0}, timeout_fault_s=10, retry_after_s=RETRY_AFTER_S
+                    )
                 )
             )
             for kind in EXPECTED
