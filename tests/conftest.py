@@ -76,8 +76,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def compile_project() -> None:
     """Compile the project's modules once, before the workers start. Where the environment
-    forbids writing bytecode (``PYTHONDONTWRITEBYTECODE``, as on CI machines), every process the
-    suite starts (servers, Ray workers, the bench's children: hundreds) would otherwise compile
+    forbids writing bytecode (``PYTHONDONTWRITEBYTECODE``, as this machine kind sets it), every
+    process the suite starts (servers, Ray workers, the bench's children) would otherwise compile
     them from source again; a process still reads compiled files it did not write."""
     import compileall
 
@@ -149,7 +149,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return SuiteScheduling(config, log)
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(tryfirst=True)  # marked slow before ``-m`` deselects
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.name in SLOW_MODULES:
