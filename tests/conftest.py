@@ -70,8 +70,11 @@ PROJECT_PACKAGES = ("grpo_service", "envs", "storage", "inference", "training", 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "through_ray: run the module's server tests embedded and through Ray")
-    if sys.dont_write_bytecode and "PYTEST_XDIST_WORKER" not in os.environ:
-        compile_project()
+    if sys.dont_write_bytecode:
+        if "PYTEST_XDIST_WORKER" not in os.environ:
+            compile_project()
+        # pytest caches the test modules it rewrote (their asserts) only where bytecode may be written.
+        sys.dont_write_bytecode = False
 
 
 def compile_project() -> None:
