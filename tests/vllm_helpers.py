@@ -62,5 +62,7 @@ def start_vllm(checkpoint: Path, log: Path) -> VLLMServer:
     args = serve_args(
         str(checkpoint), served_model_name=SERVED, port=free_port(), dtype="float32", max_model_len=4096
     )
+    # Eager: torch.compile's warm-up is about 20 s of a start, and this model is too small to gain.
+    args.append("--enforce-eager")
     # 1 GiB of KV cache (vLLM's smallest) holds about 2M tokens of this model.
     return VLLMServer(vllm_python(), args, env=serve_env(kv_cache_gib=1), log_path=log).start()
