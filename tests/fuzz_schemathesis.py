@@ -8,7 +8,8 @@ The long run, by hand (from the repo root; about 10 minutes on 2 cores):
 It starts a vLLM-shaped fake and two task apps on 127.0.0.1 (one open, one with an API key) and
 runs ``schemathesis run`` three times: the open app; the keyed app without the key (every
 operation but /health must answer 401); the keyed app with the key. Exit status 0 means no
-failure. The suite runs the same with a few examples per operation (test_hardening_fuzz.py).
+failure. The suite runs a bounded version: a few examples per operation, the keyed app without
+the key only (test_hardening_fuzz.py).
 
 Checks: all of schemathesis's but ``positive_data_acceptance``, which expects every
 schema-valid request to succeed. Our schema cannot say "exactly one of env_id, env_name and
