@@ -11,6 +11,7 @@ from collections import Counter
 from typing import Any
 
 import numpy as np
+import pytest
 from crafter import constants, objects
 
 from envs.crafter import state
@@ -72,6 +73,7 @@ def _add(sim: DeterministicCrafter, kind: type, pos: tuple[int, int], rng: np.ra
     return obj
 
 
+@pytest.mark.slow  # a sweep: 600 situations, each world copied three times
 def test_each_creature_update_is_stocks() -> None:
     seen: Counter[str] = Counter()
     for seed in range(4):
@@ -110,6 +112,7 @@ def test_each_creature_update_is_stocks() -> None:
     assert seen["player hurt"] and seen["arrow shot"] and seen["removed"] and seen["moved"], seen
 
 
+@pytest.mark.slow  # a sweep, as above
 def test_balance_pass_is_stocks() -> None:
     changes: Counter[str] = Counter()
     for seed in range(3):

@@ -151,6 +151,7 @@ def schema(client: httpx.Client) -> dict[str, Any]:
     return client.get("/openapi.json").json()
 
 
+@pytest.mark.slow  # a sweep: every operation of the API, each on fresh ids
 def test_every_operation_example_succeeds(server: ServerThread, client: httpx.Client, schema: dict) -> None:
     live = LiveIds(client)
     failures = []

@@ -50,7 +50,7 @@ class SessionsPlan:
 
 
 SESSION_PLANS = {
-    "smoke": SessionsPlan((4, 16), 0.5, 1.5, 10.0),
+    "smoke": SessionsPlan((16,), 0.3, 0.8, 10.0),  # levels one on another: tests/test_bench_parts.py
     "quick": SessionsPlan((256, 1024, 4096), 2.0, 8.0, 30.0),
     "full": SessionsPlan((256, 1024, 2048, 4096), 2.0, 12.0, 60.0),
 }
