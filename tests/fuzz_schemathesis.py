@@ -32,9 +32,15 @@ from fastapi.routing import APIRoute
 if __name__ == "__main__":  # run as a script from anywhere: make the repo importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from grpo_service.models.group_stream import MAX_TAKE_WAIT_S  # noqa: E402  (after the path, as a script)
+
 EXCLUDED_CHECKS = ("positive_data_acceptance",)
 KEY = "sk-fuzz-env-key-0123456789abcdef"
 DOCS_PAGES = ("/docs", "/redoc", "/static-offline-docs")  # the API docs' own pages (not ours)
+# An answer may rightly take as long as the longest wait a request can ask for (a stream's `/take`
+# long-poll), and a busy host adds to it; schemathesis's own limit (10 s) would fail a `/take`
+# that waits its schema example's 5 s behind a loaded event loop. Past this, it is a hang.
+RESPONSE_LIMIT_S = MAX_TAKE_WAIT_S + 30.0
 
 
 def schemathesis_command(
@@ -61,7 +67,8 @@ def schemathesis_command(
         f"--seed={seed}",
         f"--phases={phases}",
         "--workers=1",
-        "--request-timeout=60",
+        f"--request-timeout={RESPONSE_LIMIT_S:g}",
+        f"--max-response-time={RESPONSE_LIMIT_S:g}",
         "--continue-on-failure",
         "--no-color",
     ]
