@@ -21,6 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.through_ray]
 # Schemathesis's coverage phase (about 4,000 boundary cases for the main schema, most of a run's
 # time) runs embedded and open; the Ray runs differ from it only in the front.
 WITHOUT_COVERAGE = "examples,fuzzing,stateful"
+# The main schema's examples phase sends each operation's example with its "<env_id from ...>"
+# placeholders as they are (most answer 422 or 404); test_openapi_examples.py plays every example
+# with live ids and checks each answer as the schema documents it, so the runs here leave it out.
+MAIN_SCHEMA_PHASES = {"embedded": "coverage,fuzzing,stateful", "ray": "fuzzing,stateful"}
 
 
 def fuzz(
@@ -47,9 +51,9 @@ def test_fuzzing_finds_no_5xx_and_no_schema_violation(
     if keyed:
         # Without the key every answer is a 401. With it the app answers as the open one, which is
         # fuzzed in full: the gate passes a request through unchanged (test_hardening_auth.py).
-        fuzz(server, tmp_path, phases="examples,fuzzing")
+        fuzz(server, tmp_path, phases="fuzzing")
     else:
-        fuzz(server, tmp_path, **({"phases": WITHOUT_COVERAGE} if serving == "ray" else {}))
+        fuzz(server, tmp_path, phases=MAIN_SCHEMA_PHASES[serving])
     # The server still serves normally afterwards.
     headers = {"X-API-Key": KEY} if keyed else {}
     with httpx.Client(base_url=server.base_url, headers=headers, timeout=60) as client:
@@ -63,6 +67,8 @@ def test_fuzzing_the_routes_outside_the_schema_finds_no_5xx(
     """The viewer's pages and JSON API are left out of /openapi.json (`include_in_schema=False`):
     fuzz them from a schema of their own, against a server with real traced rollouts. Their
     status codes and HTML pages are not documented anywhere, so only those checks are left out."""
+    if serving == "ray":  # LOCAL_PREFIXES in grpo_service/cluster/router.py
+        pytest.skip("the viewer is the front's own app, reading the trace DB on the front's node")
     server = start_server(trace_db=tmp_path / "trace.db")
     body = {"env": {"env_name": "crafter"}, "policy": {"policy_name": "crafter-random"}, "max_turns": 3}
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
@@ -80,7 +86,6 @@ def test_fuzzing_the_routes_outside_the_schema_finds_no_5xx(
         exclude_checks=("status_code_conformance", "content_type_conformance"),
         max_examples=2,
         seed=1,
-        **({"phases": WITHOUT_COVERAGE} if serving == "ray" else {}),
     )
     assert result.returncode == 0, result.stdout[-8000:] + result.stderr[-2000:]
     assert f"Tested: {operations}" in result.stdout, result.stdout[-2000:]

@@ -1,6 +1,7 @@
 """The OpenAPI page is part of the product: every operation's example works as written (ids
-pasted in, as a user would), every field is described, and each route lists only the errors it
-can return. The test walks the app's own OpenAPI document, so routes added later are covered.
+pasted in, as a user would) and is answered as the page documents it, every field is described,
+and each route lists only the errors it can return. The test walks the app's own OpenAPI
+document, so routes added later are covered.
 
 A placeholder such as ``"<env_id from /env/create>"`` stands for an id an earlier call returned:
 the test fills it with a live object's id, chosen by the field's name (``env_id``,
@@ -17,6 +18,8 @@ from typing import Any
 
 import httpx
 import pytest
+import schemathesis
+from schemathesis.errors import FailureGroup
 
 from tools.server_thread import ServerThread
 
@@ -153,7 +156,10 @@ def schema(client: httpx.Client) -> dict[str, Any]:
 
 @pytest.mark.slow  # a sweep: every operation of the API, each on fresh ids
 def test_every_operation_example_succeeds(server: ServerThread, client: httpx.Client, schema: dict) -> None:
+    """Each example succeeds, and its answer is the documented one (status, content type, body),
+    checked by the fuzzer's own validator: its examples phase is this sweep with live ids."""
     live = LiveIds(client)
+    documented = schemathesis.openapi.from_dict(schema)
     failures = []
     # Deletions last, as a user cleans up: deleting the example model first would fail /inference.
     for path, method, op in sorted(operations(schema), key=lambda item: item[1] == "delete"):
@@ -171,6 +177,13 @@ def test_every_operation_example_succeeds(server: ServerThread, client: httpx.Cl
         response = client.request(method, url, json=body)
         if not 200 <= response.status_code < 300:
             failures.append(f"{method.upper()} {path}: {response.status_code} {response.text[:300]}")
+            continue
+        if str(response.status_code) not in op["responses"]:
+            failures.append(f"{method.upper()} {path}: {response.status_code} is not documented")
+        try:  # a failure is an AssertionError naming the fault, several a group of them
+            documented[path][method.upper()].validate_response(response)
+        except (AssertionError, FailureGroup) as exc:
+            failures.append(f"{method.upper()} {path}: not as documented: {str(exc)[:600]}")
     assert failures == []
 
 
