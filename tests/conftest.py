@@ -177,20 +177,16 @@ def serving(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="session")
 def ray_local() -> Iterator[None]:
-    """One local Ray cluster for the whole session, this process its driver."""
+    """One local Ray cluster for the whole session, this process its driver, started as a front
+    starts one (its workers at the front's priority)."""
     import tempfile
 
     ray = pytest.importorskip("ray")
+    from grpo_service.cluster.cluster import start_local_cluster
+
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     temp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths fit in 107 bytes
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        object_store_memory=100_000_000,
-        log_to_driver=False,
-        configure_logging=False,
-        _temp_dir=temp,
-    )
+    start_local_cluster(2, object_store_bytes=100_000_000, _temp_dir=temp)
     try:
         yield
     finally:

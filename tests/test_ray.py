@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 
 from tests.conftest import Served
@@ -52,7 +53,9 @@ def test_a_lost_node_answers_410_or_503_and_the_rest_keeps_working(
         base = served.base_url
         health = httpx.get(base + "/health", timeout=10).json()
         assert health["workers"] == 2 and health["lost_hosts"] == []
-        (victim,) = node_b.pids_with_env("GRPO_INSTANCE_ID")  # the host Ray placed on node B
+        ((victim, victim_pid),) = node_b.pids_with_env("GRPO_INSTANCE_ID").items()  # the host on node B
+        # A cluster the front joined: the hosts get a runtime env of their own, at its priority.
+        assert psutil.Process(victim_pid).nice() == os.nice(0)
 
         envs: dict[str, list[str]] = {}
         for seed in range(4):  # placed in turn: two on each host
@@ -192,11 +195,11 @@ def test_steps_sent_in_one_turn_go_to_their_host_in_one_call() -> None:
 
 
 def test_hosts_run_at_the_fronts_priority(ray_local: None, tmp_path: Path) -> None:
-    """Ray starts its workers at nice 15; the hosts serve every request, so they are started at
-    the front's own niceness (below it, they waited behind the front for a core: seconds a step)."""
-    import os
-
-    import psutil
+    """Ray starts its workers at nice 15; the hosts serve every request, so they run at the
+    front's own niceness (below it, they waited behind the front for a core: seconds a step). A
+    cluster started as a front starts one has every worker at that priority, and the hosts take
+    prestarted workers, with no runtime env of their own; on a joined cluster the lost-node test
+    checks the runtime env's."""
     import ray
 
     from grpo_service import create_app
@@ -215,6 +218,7 @@ def test_hosts_run_at_the_fronts_priority(ray_local: None, tmp_path: Path) -> No
         for host in hosts:
             pid = ray.get(host.start.remote(), timeout=30)["pid"]
             assert psutil.Process(pid).nice() == os.nice(0)
+            assert "GRPO_INSTANCE_ID" not in psutil.Process(pid).environ()
     finally:
         front.stop()
 

@@ -164,6 +164,16 @@ def test_ids_from_another_replica_get_421(client: httpx.Client) -> None:
     assert r.status_code == 404 and "terminated, or expired" in r.json()["detail"]
 
 
+def test_a_ray_host_tags_its_ids_with_the_tag_its_front_gave(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grpo_service.core import registry
+
+    monkeypatch.setattr(registry, "_instance", registry.instance_id())  # this process's, restored after
+    registry.adopt_instance_id("0123abcd")
+    assert registry.instance_id() == "0123abcd" and registry.new_instance_id().startswith("0123abcd-")
+    with pytest.raises(ValueError, match="8 lowercase hex digits"):
+        registry.adopt_instance_id("host-1")
+
+
 def test_dot_dot_run_id_refused_at_create(client: httpx.Client) -> None:
     r = client.post("/env/create", json={"env_name": "crafter", "rl_run_id": "a..b"})
     assert r.status_code == 422 and "rl_run_id" in r.text

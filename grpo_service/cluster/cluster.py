@@ -43,6 +43,9 @@ CALL_TIMEOUT_S = 30.0  # control calls (counts, listings, lifecycle)
 LOCAL_OBJECT_STORE_BYTES = 256 * 2**20  # a local cluster's object store: requests, answers, traces
 RAY_WORKER_NICENESS = "RAY_worker_niceness"  # the niceness Ray starts a worker at (its env, default 15)
 
+# Local clusters this process started (their GCS addresses), whose workers run at its priority.
+_STARTED_AT_FRONT_PRIORITY: set[str] = set()
+
 
 class HostError(ServiceError, status=502, code="host_error"):
     """A host failed in an unexpected way (a bug): named, never a bare 500."""
@@ -106,7 +109,6 @@ def connect(settings: Settings) -> bool:
 
     if ray.is_initialized():
         return False
-    quiet: dict[str, Any] = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     address = settings.ray_address
     if address in ("auto", "local"):
         if address == "auto":
@@ -116,10 +118,30 @@ def connect(settings: Settings) -> bool:
             except ConnectionError:
                 pass
         cpus = settings.ray_hosts * settings.ray_host_cpus if settings.ray_hosts else None
-        ray.init(num_cpus=cpus, object_store_memory=LOCAL_OBJECT_STORE_BYTES, **quiet)
+        start_local_cluster(cpus)
         return True
     ray.init(address=address, log_to_driver=False, configure_logging=False)
     return False
+
+
+def start_local_cluster(
+    num_cpus: float | None, object_store_bytes: int = LOCAL_OBJECT_STORE_BYTES, **init: Any
+) -> None:
+    """Start a Ray cluster in this process whose workers run at its priority (Ray's default is
+    nice 15): the hosts and the trace writer then take Ray's prestarted workers, where a cluster
+    someone else started needs each of them given a runtime env of its own (`Cluster._options`)."""
+    import ray
+
+    ray.init(
+        num_cpus=num_cpus,
+        object_store_memory=object_store_bytes,
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+        _system_config={"worker_niceness": 0},
+        **init,
+    )
+    _STARTED_AT_FRONT_PRIORITY.add(ray.get_runtime_context().gcs_address)
 
 
 class Cluster:
@@ -134,6 +156,7 @@ class Cluster:
         self.trace_sink: Any = None
         self._created: list[Any] = []  # actors this front started (ended with it unless kept)
         self._started_ray = False
+        self._workers_at_front_priority = False
         self._turn = itertools.count()
         self._refreshed = 0.0
 
@@ -144,6 +167,7 @@ class Cluster:
         self._started_ray = await asyncio.wait_for(asyncio.to_thread(connect, self.settings), timeout)
         import ray
 
+        self._workers_at_front_priority = ray.get_runtime_context().gcs_address in _STARTED_AT_FRONT_PRIORITY
         if self.settings.trace_db is not None:
             self.trace_sink = await self._trace_sink()
         await self.refresh()
@@ -166,17 +190,20 @@ class Cluster:
         return max(1, int(cpus // self.settings.ray_host_cpus)) if self.settings.ray_host_cpus else 1
 
     def _options(self, name: str, env: dict[str, str] | None = None) -> dict[str, Any]:
-        return {
+        options: dict[str, Any] = {
             "name": name,
             "namespace": self.namespace,
             "lifetime": "detached" if self.settings.ray_keep_hosts else None,
             "max_restarts": 0,
+        }
+        if not self._workers_at_front_priority:
             # Ray starts its workers at nice 15 (its `worker_niceness`), below the front: a host
             # then waits for a core behind the front and the clients, and under load every frame
             # and step took seconds at a low CPU. The cluster's actors serve requests: nice 0, as
-            # Ray's own job supervisor is started.
-            "runtime_env": {"env_vars": {RAY_WORKER_NICENESS: "0", **(env or {})}},
-        }
+            # Ray's own job supervisor is started. A worker with an env of its own is started for
+            # the actor (about half a second more than a prestarted one).
+            options["runtime_env"] = {"env_vars": {RAY_WORKER_NICENESS: "0", **(env or {})}}
+        return options
 
     async def _trace_sink(self) -> Any:
         import ray
@@ -212,6 +239,8 @@ class Cluster:
             actor = (
                 ray.remote(Host)
                 .options(
+                    # given a runtime env, the host names its tag in it too, as a replica
+                    # started with GRPO_INSTANCE_ID does (`ps e`, /proc/<pid>/environ)
                     **self._options(host_name(tag), {INSTANCE_ENV_VAR: tag}),
                     num_cpus=self.settings.ray_host_cpus,
                     max_concurrency=100_000,

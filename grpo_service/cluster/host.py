@@ -6,8 +6,8 @@ answers the front's calls in its own event loop. The front sends it whole HTTP r
 call, never one per step; a per-step client's steps travel several to a batch
 (`grpo_service.cluster.step_batcher`), over the host's step link (a kept-open connection,
 `grpo_service.cluster.step_link`) or, without one, as one actor call (`Host.requests`). Ids the
-host issues carry its tag (`GRPO_INSTANCE_ID`, set by the front), which is how any front finds the
-host of an id: the actor named ``grpo-host-{tag}``.
+host issues carry the tag its front gave it, which is how any front finds the host of an id: the
+actor named ``grpo-host-{tag}``.
 
 Finished rollouts are encoded as trace rows here and go to the cluster's one trace writer
 (`TraceSinkActor`, on the front's node), which inserts them; a request's answer leaves the
@@ -30,6 +30,7 @@ from grpo_service.api.asgi import Answer, RequestArgs, call_asgi
 from grpo_service.api.listing import env_summary, listed_run, policy_summary
 from grpo_service.cluster.step_link import StepLinkServer
 from grpo_service.config import Settings
+from grpo_service.core.registry import adopt_instance_id
 from grpo_service.errors import ServiceError
 from grpo_service.tracing.traces import RolloutTrace
 from grpo_service.tracing.writer import encode_trace
@@ -109,6 +110,7 @@ class Host:
     """A Ray actor (async: its requests interleave like an embedded server's)."""
 
     def __init__(self, tag: str, settings: Settings, app_factory: AppFactory, trace_sink: Any = None) -> None:
+        adopt_instance_id(tag)  # before the app issues any id
         self.tag = tag
         self.tracer = RemoteTraceSink(trace_sink) if trace_sink is not None else None
         self.app = app_factory(settings, tracer=self.tracer)

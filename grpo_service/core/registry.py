@@ -29,8 +29,8 @@ from grpo_service.models import RunStatus
 
 # Every process tags the env, policy and run ids it issues with its instance, so that a request
 # reaching another replica gets a clear 421 instead of a misleading 404, and so that the front of
-# a Ray cluster finds the host of an id by its tag (`grpo_service.cluster`), which sets each
-# host's tag (GRPO_INSTANCE_ID).
+# a Ray cluster finds the host of an id by its tag (`grpo_service.cluster`), which gives each
+# host its tag (`adopt_instance_id`).
 INSTANCE_ENV_VAR = "GRPO_INSTANCE_ID"
 INSTANCE_TAG = re.compile(r"^[0-9a-f]{8}$")
 # An issued id, its instance tag captured; a group member's run id is its group's id + ".{index}".
@@ -47,7 +47,21 @@ def _instance_id() -> str:
     return given
 
 
-INSTANCE_ID = _instance_id()
+_instance = _instance_id()
+
+
+def instance_id() -> str:
+    """The tag of this process's ids: ``GRPO_INSTANCE_ID``, the one a Ray host was given, or random."""
+    return _instance
+
+
+def adopt_instance_id(tag: str) -> None:
+    """Tag this process's ids with ``tag`` from now on: a Ray host takes its front's, before it
+    builds its app (`grpo_service.cluster.host.Host`)."""
+    global _instance
+    if not INSTANCE_TAG.match(tag):
+        raise ValueError(f"an instance tag is 8 lowercase hex digits, got {tag!r}")
+    _instance = tag
 
 
 def new_id() -> str:
@@ -56,7 +70,7 @@ def new_id() -> str:
 
 def new_instance_id() -> str:
     """An id for a live object of this process: ``{instance}-{uuid hex}``."""
-    return f"{INSTANCE_ID}-{uuid.uuid4().hex}"
+    return f"{_instance}-{uuid.uuid4().hex}"
 
 
 @dataclass(eq=False)
@@ -266,10 +280,10 @@ class Table(Pool, Generic[H]):
     def _missing(self, key: str) -> Exception:
         code = f"{self.what}_not_found"
         tagged = TAGGED_ID.match(key) if isinstance(key, str) else None
-        if tagged and tagged.group(1) != INSTANCE_ID:
+        if tagged and tagged.group(1) != _instance:
             return WrongInstance(
                 f"{self.what} {key} lives in another replica of this service (instance {tagged.group(1)}; "
-                f"this is {INSTANCE_ID}). Live {self.what}s stay in the process that created them: use "
+                f"this is {_instance}). Live {self.what}s stay in the process that created them: use "
                 "sticky routing, restore from a snapshot here, or a one-shot /rollout",
                 code="wrong_instance",
             )

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends
 from envs.base import ENVIRONMENTS, POLICIES
 from grpo_service.api.auth import require_api_key
 from grpo_service.api.services import ServicesDep
-from grpo_service.core.registry import INSTANCE_ID
+from grpo_service.core.registry import instance_id
 from grpo_service.models import Health, InferenceInfo, Limits, PluginInfo, ServiceEndpoints, ServiceInfo
 from grpo_service.version import __version__
 
@@ -71,7 +71,7 @@ async def health(services: ServicesDep) -> Health:
     return Health(
         status="healthy",
         version=__version__,
-        instance=INSTANCE_ID,
+        instance=instance_id(),
         workers=1,
         uptime_s=round(time.monotonic() - services.started_at, 3),
         envs=counts["envs"],

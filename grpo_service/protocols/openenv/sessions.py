@@ -22,7 +22,7 @@ from pydantic import ValidationError
 from envs.base import StepResult, environment_class
 from envs.errors import InvalidAction, InvalidConfig, PluginError
 from grpo_service.api.services import Services
-from grpo_service.core.registry import INSTANCE_ID, TAGGED_ID, EnvHandle, new_instance_id
+from grpo_service.core.registry import TAGGED_ID, EnvHandle, instance_id, new_instance_id
 from grpo_service.errors import CapacityExceeded, NotFound, ServiceError, Unprocessable, WrongInstance
 from grpo_service.protocols.openenv.frames import (
     ErrorCode,
@@ -125,10 +125,10 @@ class Sessions:
         if session is None or session.closed:
             message = f"unknown session_id {session_id!r:.80}: closed, expired, or never opened"
             tagged = TAGGED_ID.match(session_id)
-            if tagged and tagged.group(1) != INSTANCE_ID:
+            if tagged and tagged.group(1) != instance_id():
                 message = (
                     f"session {session_id} lives in another replica of this service (instance "
-                    f"{tagged.group(1)}; this is {INSTANCE_ID}): use sticky routing, or serve through Ray"
+                    f"{tagged.group(1)}; this is {instance_id()}): use sticky routing, or serve through Ray"
                 )
             raise FrameError(ErrorCode.SESSION_ERROR, message, fatal=True)
         return session
