@@ -31,11 +31,14 @@ from tools.server_thread import ServerThread
 
 pytestmark = [pytest.mark.slow, pytest.mark.through_ray]
 
-CYCLES = 10_000
+CYCLES = 4_000
 ABANDONED = 1_000
-# One live env holds about 45 KB here, so leaking even a twentieth of each cycle's env would
-# exceed this over 10,000 cycles; allocator noise stays well under it.
+# One live env holds about 45 KB here: leaked whole, the cycles' envs would pass this 7 times over.
+# The allocator's noise, 6 to 8 MB whatever the count of cycles (2,000 to 20,000), stays under it.
 RSS_BOUND_MB = 24.0
+# Objects the garbage collector tracks, grown over the cycles: 48 after 2,000, 4,000 or 8,000
+# cycles. A leak of one Python object every ten cycles passes this.
+OBJECTS_BOUND = CYCLES // 10
 WIDTH = 16  # operations in flight at once
 
 
@@ -84,13 +87,15 @@ async def create_terminate_cycles_leave_nothing(tmp_path: Path) -> None:
 
     await batched(1_000, cycle)  # warm-up: world cache, thread pool, allocator arenas
     rss0, threads0, fds0 = settled_rss(), threading.active_count(), psutil.Process().num_fds()
+    objects0 = len(gc.get_objects())  # after settled_rss's collection
     t0 = time.perf_counter()
     await batched(CYCLES, cycle)
     elapsed = time.perf_counter() - t0
     growth = settled_rss() - rss0
-    print(f"{CYCLES} cycles in {elapsed:.1f} s: RSS {growth:+.1f} MB")
+    objects = len(gc.get_objects()) - objects0
+    print(f"{CYCLES} cycles in {elapsed:.1f} s: RSS {growth:+.1f} MB, {objects:+d} objects")
     assert live(services) == {"envs": 0, "policies": 0, "runs_active": 0, "snapshots": 0}
-    assert growth < RSS_BOUND_MB
+    assert growth < RSS_BOUND_MB and objects < OBJECTS_BOUND
     assert threading.active_count() <= threads0 + 2 and psutil.Process().num_fds() <= fds0 + 4
 
 
