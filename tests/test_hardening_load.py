@@ -62,7 +62,12 @@ def test_256_concurrent_rollouts_complete_with_zero_errors(start_server: Callabl
             assert counts(client) == {"envs": 0, "policies": 0, "runs_active": 0}
 
 
-def test_full_tables_answer_429_and_stay_small(start_server: Callable[..., ServerThread]) -> None:
+def test_full_tables_answer_429_and_stay_small(
+    start_server: Callable[..., ServerThread], serving: str
+) -> None:
+    # Through Ray a refusal is two actor calls (each host answers 429) and what is measured is the
+    # front's memory: a fifth of the hammering shows the same.
+    hammering = 1_000 if serving == "embedded" else 200
     server = start_server(max_envs=8, max_policies=4)
     with httpx.Client(base_url=server.base_url, timeout=60) as client:
         envs = [client.post("/env/create", json={"env_name": "crafter"}).json()["env_id"] for _ in range(8)]
@@ -86,10 +91,10 @@ def test_full_tables_answer_429_and_stay_small(start_server: Callable[..., Serve
         for r in refused:
             assert_error(r, 429, "capacity_exceeded")
             assert r.headers["retry-after"] == "1"
-        for _ in range(1_000):  # a client hammering a full service
+        for _ in range(hammering):  # a client hammering a full service
             assert client.post("/env/create", json={"env_name": "crafter"}).status_code == 429
         assert counts(client) == before and rss_mb() - rss0 < 16
-        print(f"1,005 refusals in {time.monotonic() - t0:.1f} s")
+        print(f"{hammering + len(refused):,} refusals in {time.monotonic() - t0:.1f} s")
         client.post("/env/terminate", json={"env_id": envs[0]})
         assert client.post("/env/create", json={"env_name": "crafter"}).status_code == 200
 
