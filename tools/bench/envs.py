@@ -32,7 +32,7 @@ class EnvPlan:
 
 
 ENV_PLANS = {
-    "smoke": EnvPlan(0.3, 20, 8, 1),
+    "smoke": EnvPlan(0.3, 20, 2, 1),  # the bot plays a BabyAI level for seconds: two levels
     "quick": EnvPlan(2.0, 544, 80, 6),
     "full": EnvPlan(5.0, 544, 400, 23),
 }
