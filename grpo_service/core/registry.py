@@ -38,13 +38,15 @@ TAGGED_ID_PATTERN = r"([0-9a-f]{8})-[0-9a-f]{32}(?:\.\d{1,6})?"
 TAGGED_ID = re.compile(f"^{TAGGED_ID_PATTERN}$")
 
 
+def _checked_tag(tag: str, what: str) -> str:
+    if not INSTANCE_TAG.match(tag):
+        raise ValueError(f"{what} must be 8 lowercase hex digits, got {tag!r}")
+    return tag
+
+
 def _instance_id() -> str:
     given = os.environ.get(INSTANCE_ENV_VAR)
-    if given is None:
-        return secrets.token_hex(4)
-    if not INSTANCE_TAG.match(given):
-        raise ValueError(f"{INSTANCE_ENV_VAR} must be 8 lowercase hex digits, got {given!r}")
-    return given
+    return secrets.token_hex(4) if given is None else _checked_tag(given, INSTANCE_ENV_VAR)
 
 
 _instance = _instance_id()
@@ -59,9 +61,7 @@ def adopt_instance_id(tag: str) -> None:
     """Tag this process's ids with ``tag`` from now on: a Ray host takes its front's, before it
     builds its app (`grpo_service.cluster.host.Host`)."""
     global _instance
-    if not INSTANCE_TAG.match(tag):
-        raise ValueError(f"an instance tag is 8 lowercase hex digits, got {tag!r}")
-    _instance = tag
+    _instance = _checked_tag(tag, "an instance tag")
 
 
 def new_id() -> str:
