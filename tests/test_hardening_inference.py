@@ -160,7 +160,9 @@ def test_every_fault_ends_its_rollout_with_a_structured_reason_and_bounded_retri
         "env": {"env_name": "crafter", "seed": 4},
         "policy": react(fake_llm.base_url),
         "max_turns": TURNS,
-        "safety": {"max_time_s": DEADLINE_S},
+        # The same decision budget as the single rollouts: the service's own default here is one
+        # attempt's 0.5 s, which a loaded core can take from a healthy reply.
+        "safety": {"max_time_s": DEADLINE_S, "llm_timeout_s": DECISION_S},
     }
     # Everything at once, on one server: the faults run beside the healthy rollouts and group.
     with httpx.Client(base_url=traced.base_url, timeout=60) as client, ThreadPoolExecutor(20) as pool:

@@ -95,7 +95,11 @@ class RolloutSafetyConfig(Request):
         "beyond the request's own ops (max_turns × 2, or the length of 'ops').",
     )
     max_time_s: float = Field(default=3_600.0, gt=0, le=86_400, description="Wall-clock seconds at most.")
-    llm_timeout_s: float | None = Field(default=None, gt=0, description="Per LLM call; default service's.")
+    llm_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="One decision's LLM budget, its retries and backoffs included; default the service's.",
+    )
 
 
 class RolloutPlan(Request):
