@@ -153,15 +153,16 @@ def test_every_fault_ends_its_rollout_with_a_structured_reason_and_bounded_retri
         f"fault-{kind}": rollout_body(f"fault-{kind}", react(url, **ending.get(kind, {})))
         for kind, url in fakes.items()
     }
-    bodies |= {run_id: rollout_body(run_id, react(fake_llm.base_url)) for run_id in healthy}
+    # The healthy ones are given one attempt as long as their decision's budget: a loaded core
+    # must not turn them into timeouts; the faults' own timeouts are what is under test.
+    healthy_policy = react(fake_llm.base_url, timeout_s=DECISION_S)
+    bodies |= {run_id: rollout_body(run_id, healthy_policy) for run_id in healthy}
     group = {
         "group_id": "healthy-group",
         "group_size": 4,
         "env": {"env_name": "crafter", "seed": 4},
-        "policy": react(fake_llm.base_url),
+        "policy": healthy_policy,
         "max_turns": TURNS,
-        # The same decision budget as the single rollouts: the service's own default here is one
-        # attempt's 0.5 s, which a loaded core can take from a healthy reply.
         "safety": {"max_time_s": DEADLINE_S, "llm_timeout_s": DECISION_S},
     }
     # Everything at once, on one server: the faults run beside the healthy rollouts and group.
