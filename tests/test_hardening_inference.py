@@ -180,7 +180,10 @@ def test_every_fault_ends_its_rollout_with_a_structured_reason_and_bounded_retri
         out, elapsed = results[f"fault-{kind}"]
         assert out["status"] == "completed" and out["error"] is None, (kind, out["error"])
         assert out["stop_reason"] == want.stop_reason, (kind, out["stop_reason"])
-        assert elapsed < min(want.max_s, DEADLINE_S), (kind, elapsed)
+        # The rollout's own time is bounded by its timeouts and backoffs; the request's, which
+        # also waits behind the others on a loaded server, by the deadline.
+        assert out["metrics"]["wall_time_s"] < want.max_s, (kind, out["metrics"]["wall_time_s"])
+        assert elapsed < DEADLINE_S + SLACK_S, (kind, elapsed)
         (trajectory,) = out["trajectories"]
         last = trajectory["steps"][-1]
         assert trajectory["stop_reason"] == want.stop_reason and len(trajectory["steps"]) == 1, kind
