@@ -1,5 +1,5 @@
 """Plays the task app's envs with OpenEnv 0.10's own, unmodified clients; run by the tests with
-the OpenEnv venv's Python (`tests/openenv_venv.py`), never imported by pytest.
+the OpenEnv venv's Python (`tools/openenv_venv.py`), never imported by pytest.
 
 ``python openenv_play.py SPEC_JSON`` prints one JSON report; with ``--serve`` it reads one SPEC
 per line and answers each with a line. SPEC: ``base`` (the server's URL), ``scenario`` (one of

@@ -1,5 +1,5 @@
 """The peers' side of the OpenEnv comparison, run with the OpenEnv venv's Python
-(`tests/openenv_venv.py`), never imported by the service or pytest.
+(`tools/openenv_venv.py`), never imported by the service or pytest.
 
     python -P openenv_peer.py serve --fd N --extra-path P     OpenEnv 0.10's own server (``create_app``, as an
                                              env package ships it) hosting the project's

@@ -31,6 +31,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from tools.bench.procs import HOST, ChildServer, ServerProcess, pin
+from tools.openenv_venv import VENV, openenv_venv
 
 TEXTCRAFT_ACTIONS = [
     "inventory",
@@ -58,16 +59,12 @@ PEER_PLANS = {
 }
 
 
-def openenv_python() -> Path | None:
-    """The OpenEnv venv's Python (the tests' venv, built on first use), or None without it."""
+def openenv_python() -> tuple[Path | None, str]:
+    """The OpenEnv venv's Python, built on first use (`tools.openenv_venv`), or None and why."""
     try:
-        from tests.openenv_venv import openenv_venv
-
-        return openenv_venv() / "bin" / "python"
-    except Exception:  # no tests package (an installed tool), or no network to build it
-        venv = Path.home() / ".cache/grpo-service/openenv-0.10.0"
-        python = venv / "bin" / "python"
-        return python if (venv / ".installed").exists() else None
+        return openenv_venv() / "bin" / "python", ""
+    except (OSError, subprocess.SubprocessError) as exc:  # no registry to build it from, no disk
+        return None, f"cannot build OpenEnv's venv at {VENV}: {type(exc).__name__}: {exc}"[:300]
 
 
 def _peer_env() -> dict[str, str]:
@@ -302,9 +299,9 @@ def run_peers(
     peers: list[PeerServer] = []
     try:
         ours.wait_ready()
-        python = openenv_python()
+        python, why = openenv_python()
         if python is None:
-            notes.append("OpenEnv peer skipped: no OpenEnv venv (tests/openenv_venv.py builds it)")
+            notes.append(f"OpenEnv peer skipped: {why}")
         else:
             peer = PeerServer(
                 [str(python), "-P", str(PEER_SCRIPT), "serve", *_extra_path()],
