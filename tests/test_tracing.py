@@ -12,7 +12,7 @@ import pytest
 
 from grpo_service.tracing import SCHEMA_VERSION, SchemaTooNew, TraceReader, TraceWriter
 from grpo_service.tracing import rows as rows_module
-from grpo_service.tracing.codec import join_message, split_message
+from grpo_service.tracing.codec import dumps, dumps_redacted, join_message, redact, split_message
 from grpo_service.tracing.schema import MIGRATIONS, migrate_sync
 from tools.synthetic_traces import SYSTEM_PROMPT, synthetic_trace
 
@@ -112,6 +112,23 @@ async def test_repeated_messages_are_stored_once_per_session(tmp_path: Path) -> 
     assert len(messages) < shown / 2
     # Every turn's prompt is rebuilt exactly: system, up to 4 past turns of 3 messages, observation.
     assert [len(t["prompt"]) for t in turns] == [2, 5, 8, 11, 14, 14, 14, 14, 14, 14]
+
+
+def test_a_value_is_redacted_as_redact_would_whichever_path_it_takes() -> None:
+    """`dumps_redacted` encodes a value once and walks it only when a secret-looking marker is in
+    its JSON: the stored text is `dumps(redact(value))` either way."""
+    values = [
+        None,
+        {},
+        {"model": "m", "top_p": 0.7, "extra_body": {"chat_template_kwargs": {"enable_thinking": False}}},
+        {"policy": {"config": {"API_KEY": "sk-1", "inference_url": "http://h"}}, "n": [1, (2, 3)]},
+        {"headers": [{"Authorization": "Bearer x"}], "Password": None, "secret_name": 3},
+        {"text": "the key is under the mat", "notes": ["no secrets here"]},  # markers in values only
+        {1: "a", "keys": {"monkey": "banana"}},  # a key that is not a string; a marker inside a word
+    ]
+    for value in values:
+        assert dumps_redacted(value) == dumps(redact(value))
+    assert "sk-1" not in (dumps_redacted(values[3]) or "")
 
 
 def test_message_split_join_round_trip() -> None:

@@ -93,6 +93,22 @@ def redact(value: Any) -> Any:
     return value
 
 
+_SECRET_MARKER_BYTES = tuple(marker.encode() for marker in _SECRET_MARKERS)
+
+
+def dumps_redacted(value: Any) -> str | None:
+    """``dumps(redact(value))``. Most values (a session's request, configs) hold no secret-looking
+    key: encoded once, a value whose JSON has no marker anywhere (keys are written as they are,
+    lowercased here) has nothing to redact, and is not walked again in Python."""
+    if value is None:
+        return None
+    text = dumps_bytes(value)
+    lowered = text.lower()
+    if any(marker in lowered for marker in _SECRET_MARKER_BYTES):
+        return dumps(redact(value))
+    return text.decode()
+
+
 def split_message(message: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
     """(role, column values, extra) for one chat message; `join_message` inverts it exactly.
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from grpo_service.tracing.codec import RECORD_CODEC, canonical, dumps, pack_token_ids, redact, split_message
+from grpo_service.tracing.codec import (
+    RECORD_CODEC,
+    canonical,
+    dumps,
+    dumps_redacted,
+    pack_token_ids,
+    split_message,
+)
 from grpo_service.tracing.record import pack_record, record_of
 from grpo_service.tracing.traces import RolloutTrace
 
@@ -212,10 +219,10 @@ def _session_row(
         request.rl_run_id,
         request.mode,
         trace.env_name,
-        dumps(redact(trace.env_config if trace.env_config is not None else request.env.config)),
+        dumps_redacted(trace.env_config if trace.env_config is not None else request.env.config),
         trace.seed,
         trace.policy_name,
-        dumps(redact(trace.policy_config)),
+        dumps_redacted(trace.policy_config),
         model,
         dumps(sampling),
         trace.started_at,
@@ -234,7 +241,7 @@ def _session_row(
         metrics.prompt_tokens,
         metrics.completion_tokens,
         dumps(metrics.model_dump(mode="json")),
-        dumps(redact(request.model_dump(mode="json", exclude_none=True))),
+        dumps_redacted(request.model_dump(mode="json", exclude_none=True)),
         writer_id,
         recorded_at,
         response.parent_index,
