@@ -125,10 +125,12 @@ def test_a_value_is_redacted_as_redact_would_whichever_path_it_takes() -> None:
         {"headers": [{"Authorization": "Bearer x"}], "Password": None, "secret_name": 3},
         {"text": "the key is under the mat", "notes": ["no secrets here"]},  # markers in values only
         {1: "a", "keys": {"monkey": "banana"}},  # a key that is not a string; a marker inside a word
+        {"\u212aEY": "sk-2", "note": "café"},  # the Kelvin sign lowers to an ASCII "k"
     ]
     for value in values:
         assert dumps_redacted(value) == dumps(redact(value))
-    assert "sk-1" not in (dumps_redacted(values[3]) or "")
+    stored = [dumps_redacted(values[3]) or "", dumps_redacted(values[-1]) or ""]
+    assert "sk-1" not in stored[0] and "sk-2" not in stored[1]
 
 
 def test_message_split_join_round_trip() -> None:

@@ -98,13 +98,14 @@ _SECRET_MARKER_BYTES = tuple(marker.encode() for marker in _SECRET_MARKERS)
 
 def dumps_redacted(value: Any) -> str | None:
     """``dumps(redact(value))``. Most values (a session's request, configs) hold no secret-looking
-    key: encoded once, a value whose JSON has no marker anywhere (keys are written as they are,
-    lowercased here) has nothing to redact, and is not walked again in Python."""
+    key: encoded once, an ASCII value whose JSON has no marker anywhere (keys are written as they
+    are, lowercased here) has nothing to redact, and is not walked again in Python. Non-ASCII text
+    is walked: Unicode's lowercasing can make a marker of it (the Kelvin sign lowers to "k")."""
     if value is None:
         return None
     text = dumps_bytes(value)
     lowered = text.lower()
-    if any(marker in lowered for marker in _SECRET_MARKER_BYTES):
+    if not text.isascii() or any(marker in lowered for marker in _SECRET_MARKER_BYTES):
         return dumps(redact(value))
     return text.decode()
 
