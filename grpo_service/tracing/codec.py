@@ -104,10 +104,11 @@ def dumps_redacted(value: Any) -> str | None:
     if value is None:
         return None
     text = dumps_bytes(value)
-    lowered = text.lower()
-    if not text.isascii() or any(marker in lowered for marker in _SECRET_MARKER_BYTES):
-        return dumps(redact(value))
-    return text.decode()
+    if text.isascii():
+        lowered = text.lower()
+        if not any(marker in lowered for marker in _SECRET_MARKER_BYTES):
+            return text.decode()
+    return dumps(redact(value))
 
 
 def split_message(message: dict[str, Any]) -> tuple[str, dict[str, Any], dict[str, Any] | None]:
